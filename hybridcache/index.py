@@ -1,0 +1,302 @@
+"""Prefix index: unit digest -> cached KV pages and state snapshot, with eviction.
+
+A :class:`Node` stands for one hash unit of one prefix (its digest names the whole prefix up
+to the unit's end). It may hold the unit's KV pages (one per attention group) and, at most,
+one state snapshot: the recurrent state after the unit's last token. The two are held and
+evicted separately (SGLang's separate KV/state locks and LRU lists):
+
+- ``kv_ref`` counts running requests whose block tables use the node's pages; only nodes
+  with ``kv_ref == 0`` can lose their KV.
+- ``snap_ref`` counts pending restores (a copy plan that reads the snapshot and has not run
+  yet); only snapshots with ``snap_ref == 0`` can be evicted.
+
+Nodes live in a flat dict keyed by digest, not a tree: because digests are chained, a node
+stays valid when an ancestor's KV is evicted (it becomes reachable again as soon as the
+ancestor is recomputed), exactly like vLLM's hash-keyed blocks. ``match`` walks digests from
+the first unit and stops at the first unit without KV.
+
+Eviction frees entries until the arena can allocate what is asked. KV pages are evicted in
+whole nodes. When a *state slot* is needed and the lowest-ranked victim is KV, the victim's
+whole slab is evicted if every page in it is evictable, since a slot needs an empty block
+(new pages fill one slab at a time, so slab mates are usually of the same age).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hybridcache.arena import Arena
+from hybridcache.policy import (
+    Clock,
+    EvictionQueue,
+    LRUQueue,
+    MarconiQueue,
+    ValueQueue,
+    marconi_victim,
+)
+
+Digest = bytes
+
+
+class Node:
+    """One hash unit of one cached prefix (see module docstring)."""
+
+    __slots__ = (
+        "digest", "depth", "tenant", "pages", "snap", "kv_ref", "snap_ref",
+        "kv_hits", "snap_hits", "snap_flops", "kv_flops", "__weakref__",
+    )
+
+    def __init__(self, digest: Digest, depth: int, tenant: str | None) -> None:
+        self.digest = digest
+        self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
+        self.tenant = tenant
+        self.pages: tuple[int, ...] | None = None
+        self.snap = -1
+        self.kv_ref = 0
+        self.snap_ref = 0
+        self.kv_hits = 0
+        self.snap_hits = 0
+        self.snap_flops = 0.0
+        self.kv_flops = 0.0
+
+    def __repr__(self) -> str:
+        return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
+
+
+class PrefixIndex:
+    """Digest -> :class:`Node`, the two eviction queues and the arena they draw from."""
+
+    def __init__(
+        self,
+        arena: Arena,
+        eviction: str,
+        flops_per_byte_scale: float,
+        marconi_alpha: float = 1.0,
+        marconi_window: int = 64,
+        on_evict: Callable[[str, Node, int], None] | None = None,
+    ) -> None:
+        self.arena = arena
+        self.nodes: dict[Digest, Node] = {}
+        self.eviction = eviction
+        self.page_owner: dict[int, Node] = {}
+        self._evictable_pages = [0] * arena.layout.num_blocks
+        self.marconi_alpha = marconi_alpha
+        self.marconi_window = marconi_window
+        self.on_evict = on_evict
+        self.tenant_bytes: dict[str | None, int] = {}
+        self.evictions = {"kv": 0, "state": 0}
+        self.evicted_bytes = {"kv": 0, "state": 0}
+        lay = arena.layout
+        self.node_kv_bytes = lay.page_bytes * len(lay.page_payload)
+        self.snap_bytes = lay.slot_bytes
+        if eviction == "lru":
+            self.kv_q: EvictionQueue = LRUQueue()
+            self.snap_q: EvictionQueue = LRUQueue()
+        elif eviction == "value":
+            clock = Clock()
+            self.kv_q = ValueQueue(clock, flops_per_byte_scale)
+            self.snap_q = ValueQueue(clock, flops_per_byte_scale)
+        else:
+            self.kv_q = MarconiQueue()
+            self.snap_q = MarconiQueue()
+
+    # ------------------------------------------------------------------ holding
+    def hold_kv(self, node: Node) -> None:
+        """A request now uses ``node``'s pages: they cannot be evicted."""
+        if node.kv_ref == 0 and node.pages:
+            self.kv_q.discard(node)
+            self._count_evictable(node.pages, -1)
+        node.kv_ref += 1
+
+    def release_kv(self, node: Node, tick: int) -> None:
+        """A request stopped using ``node``'s pages; at zero they become evictable."""
+        node.kv_ref -= 1
+        if node.kv_ref < 0:
+            raise AssertionError(f"negative kv_ref on {node}")
+        if node.kv_ref == 0 and node.pages is not None:
+            if node.pages:
+                self._count_evictable(node.pages, +1)
+            self.kv_q.add(node, tick, node.kv_flops, self.node_kv_bytes, node.kv_hits)
+
+    def pin_snapshot(self, node: Node) -> None:
+        """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
+        if node.snap_ref == 0:
+            self.snap_q.discard(node)
+        node.snap_ref += 1
+
+    def unpin_snapshot(self, node: Node, tick: int) -> None:
+        node.snap_ref -= 1
+        if node.snap_ref < 0:
+            raise AssertionError(f"negative snap_ref on {node}")
+        if node.snap_ref == 0 and node.snap >= 0:
+            self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
+
+    def _count_evictable(self, pages: tuple[int, ...], delta: int) -> None:
+        ppb = self.arena.layout.pages_per_block
+        for p in pages:
+            self._evictable_pages[p // ppb] += delta
+
+    # ------------------------------------------------------------------ registering
+    def register_kv(
+        self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
+    ) -> Node:
+        """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference."""
+        node = self.nodes.get(digest)
+        if node is None:
+            node = Node(digest, depth, tenant)
+            self.nodes[digest] = node
+        assert node.pages is None, "register_kv on a node that has KV"
+        node.pages = pages
+        node.kv_flops = flops
+        node.kv_ref += 1
+        for p in pages:
+            self.page_owner[p] = node
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes
+        return node
+
+    def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
+        """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now)."""
+        assert node.snap < 0, "register_snapshot on a node that has a snapshot"
+        node.snap = slot
+        node.snap_flops = flops
+        self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
+        if node.snap_ref == 0:
+            self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
+
+    # ------------------------------------------------------------------ eviction
+    def evict_kv(self, node: Node) -> None:
+        """Drop ``node``'s KV pages (it must be unreferenced)."""
+        assert node.kv_ref == 0 and node.pages is not None
+        self.kv_q.discard(node)
+        pages = node.pages
+        node.pages = None
+        if pages:
+            self._count_evictable(pages, -1)
+        for p in pages:
+            del self.page_owner[p]
+            self.arena.free_page(p)
+        self._account("kv", node, self.node_kv_bytes)
+        if node.snap < 0:
+            del self.nodes[node.digest]
+
+    def evict_snapshot(self, node: Node) -> None:
+        """Drop ``node``'s snapshot (it must be unpinned)."""
+        assert node.snap_ref == 0 and node.snap >= 0
+        self.snap_q.discard(node)
+        slot = node.snap
+        node.snap = -1
+        self.arena.free_slot(slot)
+        self._account("state", node, self.snap_bytes)
+        if node.pages is None:
+            del self.nodes[node.digest]
+
+    def _account(self, kind: str, node: Node, nbytes: int) -> None:
+        self.evictions[kind] += 1
+        self.evicted_bytes[kind] += nbytes
+        self.tenant_bytes[node.tenant] -= nbytes
+        if self.on_evict is not None:
+            self.on_evict(kind, node, nbytes)
+
+    def _choose(self) -> tuple[str, Node] | None:
+        if self.eviction == "marconi":
+            return marconi_victim(
+                {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
+                self.marconi_alpha,
+                self.marconi_window,
+            )
+        a = self.kv_q.peek()
+        b = self.snap_q.peek()
+        if a is None and b is None:
+            return None
+        if b is None or (a is not None and a[0] <= b[0]):
+            return "kv", a[1]  # type: ignore[index,return-value]
+        return "state", b[1]  # type: ignore[return-value]
+
+    def evict_one(self, for_slot: bool) -> bool:
+        """Evict the lowest-ranked entry; returns False when nothing is evictable.
+
+        Args:
+            for_slot: the caller needs a state slot, so a KV victim's whole slab goes if it
+                can (a slot needs an empty block when snapshots are larger than pages).
+        """
+        choice = self._choose()
+        if choice is None:
+            return False
+        kind, node = choice
+        if kind == "state":
+            self._pop(self.snap_q, node)
+            self.evict_snapshot(node)
+            return True
+        self._pop(self.kv_q, node)
+        lay = self.arena.layout
+        if for_slot and node.pages and lay.pages_per_block > 1:
+            block = node.pages[0] // lay.pages_per_block
+            if self._evictable_pages[block] == self.arena.block_used(block):
+                self._evict_slab(block)
+                if node.pages is None:
+                    return True
+        self.evict_kv(node)
+        return True
+
+    def _pop(self, q: EvictionQueue, node: Node) -> None:
+        if isinstance(q, ValueQueue):
+            top = q.peek()
+            if top is not None and top[1] is node:
+                q.pop()  # advances the GreedyDual clock
+                return
+        q.discard(node)
+
+    def _evict_slab(self, block: int) -> None:
+        ppb = self.arena.layout.pages_per_block
+        seen: list[Node] = []
+        for p in range(block * ppb, (block + 1) * ppb):
+            owner = self.page_owner.get(p)
+            if owner is not None and owner.pages is not None and owner not in seen:
+                seen.append(owner)
+        for owner in seen:
+            if owner.pages is not None and owner.kv_ref == 0:
+                self.evict_kv(owner)
+
+    def alloc_page(self) -> int | None:
+        """A page, evicting as needed; ``None`` when nothing more can be evicted."""
+        while True:
+            p = self.arena.alloc_page()
+            if p is not None:
+                return p
+            if not self.evict_one(for_slot=False):
+                return None
+
+    def alloc_slot(self) -> int | None:
+        """A state slot, evicting as needed; ``None`` when nothing more can be evicted."""
+        while True:
+            s = self.arena.alloc_slot()
+            if s is not None:
+                return s
+            if not self.evict_one(for_slot=True):
+                return None
+
+    def clear(self) -> int:
+        """Evict every evictable entry; returns how many were evicted."""
+        n = 0
+        while self.evict_one(for_slot=False):
+            n += 1
+        return n
+
+    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
+        """Longest KV run and deepest snapshot on it.
+
+        Returns:
+            ``(kv_units, snap_units, snap_node)``: units from the start that have KV (capped
+            at ``max_units``), the end of the deepest of them that has a snapshot, and that
+            node (``None`` if there is none).
+        """
+        nodes = self.nodes
+        snap_units, snap_node = 0, None
+        n = min(max_units, len(digests))
+        for i in range(n):
+            node = nodes.get(digests[i])
+            if node is None or node.pages is None:
+                return i, snap_units, snap_node
+            if node.snap >= 0:
+                snap_units, snap_node = i + 1, node
+        return n, snap_units, snap_node

@@ -1,0 +1,78 @@
+"""Counters of one manager, as a dataclass and as Prometheus text.
+
+``kv_hit_state_miss_tokens`` is the number hybrid users of vLLM cannot see: prompt tokens
+whose KV was cached but that had to be recomputed because no state snapshot covered them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+
+@dataclass
+class CacheMetrics:
+    """Cumulative counters (tokens, requests, entries, bytes, FLOPs)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    hit_requests: int = 0
+    kv_hit_tokens: int = 0
+    kv_hit_state_miss_tokens: int = 0
+    prefill_flops: float = 0.0
+    prefill_flops_saved: float = 0.0
+    snapshot_copies: int = 0
+    snapshots_saved: int = 0
+    snapshots_skipped: int = 0
+    snapshots_rejected: int = 0
+    kv_pages_registered: int = 0
+    evictions_kv: int = 0
+    evictions_state: int = 0
+    evicted_bytes_kv: int = 0
+    evicted_bytes_state: int = 0
+    quota_rejections: int = 0
+    preemptions: int = 0
+
+    @property
+    def token_hit_rate(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def request_hit_rate(self) -> float:
+        return self.hit_requests / self.requests if self.requests else 0.0
+
+    @property
+    def prefill_flops_saved_frac(self) -> float:
+        return self.prefill_flops_saved / self.prefill_flops if self.prefill_flops else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["token_hit_rate"] = self.token_hit_rate
+        out["request_hit_rate"] = self.request_hit_rate
+        out["prefill_flops_saved_frac"] = self.prefill_flops_saved_frac
+        return out
+
+    def prometheus(self, prefix: str = "hybridcache", labels: dict[str, str] | None = None) -> str:
+        """Prometheus exposition text: counters end in ``_total``, ratios are gauges."""
+        lab = ""
+        if labels:
+            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+            lab = "{" + inner + "}"
+        lines: list[str] = []
+        for f in fields(self):
+            name = f"{prefix}_{f.name}_total"
+            lines.append(f"# TYPE {name} counter")
+            lines.append(f"{name}{lab} {_num(getattr(self, f.name))}")
+        for g in ("token_hit_rate", "request_hit_rate", "prefill_flops_saved_frac"):
+            name = f"{prefix}_{g}"
+            lines.append(f"# TYPE {name} gauge")
+            lines.append(f"{name}{lab} {_num(getattr(self, g))}")
+        return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    return repr(float(v)) if isinstance(v, float) else str(v)
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

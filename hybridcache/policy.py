@@ -1,0 +1,253 @@
+"""Admission (where to snapshot) and eviction (what to drop) policies, chosen by name.
+
+Admission decides at which hash-unit boundaries of a request the engine saves a state
+snapshot. Snapshots are large (41 MiB for Kimi Linear 48B), so saving one everywhere wastes
+memory, and saving too few makes KV hits unusable on hybrid models. Rules (combine with
+``+``):
+
+- ``last-token``: the last unit boundary before the prompt's last token, the deepest point an
+  identical prompt can reuse (the last token is always recomputed).
+- ``turn-end``: the last unit boundary of the finished turn (prompt + output), which the next
+  turn of a multi-turn session or agent extends.
+- ``branch-point``: the point where the request leaves the cached KV path (Marconi): every
+  later request that shares the prefix up to there can use it.
+- ``interval:N``: every N tokens (N a multiple of the hash unit), as SGLang's track interval.
+- ``chunk-end``: the end of every scheduled prefill chunk, where the engine has the state
+  for free.
+
+Eviction ranks evictable entries of both kinds (KV pages of a unit, state snapshots) on one
+scale so that one can be traded against the other:
+
+- ``lru``: last access tick.
+- ``value`` (default): GreedyDual-Size-Frequency. Priority = ``L + hits * flops / bytes``
+  where ``flops`` are the prefill FLOPs the entry saves, ``bytes`` what it holds and ``L``
+  the priority of the last victim (an aging clock). It keeps cheap-to-hold, expensive-to-
+  recompute, often-used entries, and still ages out what is not touched; O(log n).
+- ``marconi``: Marconi's utility ``alpha * norm(flops/bytes) + norm(recency)``, min-max
+  normalised over the candidates; the candidates are the ``window`` least recently used
+  entries of each kind (a bounded scan, so eviction stays cheap on large caches).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from hybridcache.errors import UnknownNameError
+
+ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end")
+EVICTION_POLICIES = ("lru", "value", "marconi")
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Parsed admission rules (see module docstring)."""
+
+    last_token: bool = False
+    turn_end: bool = False
+    branch_point: bool = False
+    interval: int = 0
+    chunk_end: bool = False
+    #: Save a snapshot only once the same point was wanted ``min_seen`` times (vLLM's align
+    #: mode does not save a prefix seen for the first time). 1 = always.
+    min_seen: int = 1
+
+    @classmethod
+    def parse(cls, text: str, hash_unit: int) -> AdmissionPolicy:
+        """Parse ``"last-token+turn-end+interval:256"``; unknown rules list the known ones."""
+        kw: dict[str, object] = {}
+        for raw in filter(None, (p.strip() for p in text.split("+"))):
+            name, _, arg = raw.partition(":")
+            if name == "interval":
+                try:
+                    n = int(arg)
+                except ValueError:
+                    raise UnknownNameError(f"admission rule {raw!r}: interval needs tokens, e.g. interval:256") from None
+                if n <= 0 or n % hash_unit:
+                    raise UnknownNameError(
+                        f"admission rule {raw!r}: interval must be a positive multiple of the hash unit {hash_unit}"
+                    )
+                kw["interval"] = n
+            elif name in ("last-token", "turn-end", "branch-point", "chunk-end") and not arg:
+                kw[name.replace("-", "_")] = True
+            elif name == "none":
+                continue
+            else:
+                raise UnknownNameError(
+                    f"unknown admission rule {raw!r}; known: {', '.join(ADMISSION_RULES)} "
+                    "(interval takes :TOKENS; combine with '+', or 'none')"
+                )
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+class EvictionQueue:
+    """Evictable entries of one kind ranked by a policy. Items are manager nodes.
+
+    The manager calls :meth:`add` when an entry becomes evictable (no request holds it),
+    :meth:`discard` when it is held again or dropped, and :meth:`peek`/:meth:`pop` to choose
+    a victim. ``priority`` values of the two kinds are comparable: lower goes first.
+    """
+
+    def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
+        raise NotImplementedError
+
+    def discard(self, item: object) -> None:
+        raise NotImplementedError
+
+    def peek(self) -> tuple[float, object] | None:
+        raise NotImplementedError
+
+    def pop(self) -> object | None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+
+class LRUQueue(EvictionQueue):
+    """Oldest access first; O(1) everything."""
+
+    def __init__(self) -> None:
+        self._od: OrderedDict[object, int] = OrderedDict()
+
+    def add(self, item, tick, flops, nbytes, hits):
+        self._od[item] = tick
+        self._od.move_to_end(item)
+
+    def discard(self, item):
+        self._od.pop(item, None)
+
+    def peek(self):
+        if not self._od:
+            return None
+        item, tick = next(iter(self._od.items()))
+        return float(tick), item
+
+    def pop(self):
+        if not self._od:
+            return None
+        return self._od.popitem(last=False)[0]
+
+    def oldest(self, n: int) -> list[tuple[object, int]]:
+        out = []
+        for item, tick in self._od.items():
+            out.append((item, tick))
+            if len(out) >= n:
+                break
+        return out
+
+    def __len__(self):
+        return len(self._od)
+
+
+class Clock:
+    """GreedyDual aging clock shared by the two value queues of one manager."""
+
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0.0
+
+
+class ValueQueue(EvictionQueue):
+    """GreedyDual-Size-Frequency priority heap with lazy deletion (O(log n))."""
+
+    def __init__(self, clock: Clock, scale: float) -> None:
+        self._clock = clock
+        self._scale = scale  # FLOPs per byte -> priority units
+        self._heap: list[tuple[float, int, object]] = []
+        self._live: dict[object, tuple[float, int]] = {}
+        self._seq = 0
+
+    def add(self, item, tick, flops, nbytes, hits):
+        prio = self._clock.value + max(hits, 1) * flops / max(nbytes, 1) / self._scale
+        self._seq += 1
+        self._live[item] = (prio, self._seq)
+        heapq.heappush(self._heap, (prio, self._seq, item))
+
+    def discard(self, item):
+        self._live.pop(item, None)
+
+    def _clean(self) -> None:
+        heap, live = self._heap, self._live
+        while heap:
+            prio, seq, item = heap[0]
+            cur = live.get(item)
+            if cur is not None and cur[1] == seq:
+                return
+            heapq.heappop(heap)
+
+    def peek(self):
+        self._clean()
+        if not self._heap:
+            return None
+        prio, _, item = self._heap[0]
+        return prio, item
+
+    def pop(self):
+        self._clean()
+        if not self._heap:
+            return None
+        prio, _, item = heapq.heappop(self._heap)
+        del self._live[item]
+        self._clock.value = max(self._clock.value, prio)
+        return item
+
+    def __len__(self):
+        return len(self._live)
+
+
+class MarconiQueue(LRUQueue):
+    """LRU order plus the per-entry FLOP efficiency that Marconi's utility needs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.eff: dict[object, float] = {}
+
+    def add(self, item, tick, flops, nbytes, hits):
+        super().add(item, tick, flops, nbytes, hits)
+        self.eff[item] = flops / max(nbytes, 1)
+
+    def discard(self, item):
+        super().discard(item)
+        self.eff.pop(item, None)
+
+    def pop(self):
+        item = super().pop()
+        if item is not None:
+            self.eff.pop(item, None)
+        return item
+
+
+def marconi_victim(
+    queues: dict[str, MarconiQueue], alpha: float, window: int
+) -> tuple[str, object] | None:
+    """Lowest Marconi utility among the ``window`` oldest entries of each queue."""
+    cands: list[tuple[str, object, int, float]] = []
+    for kind, q in queues.items():
+        for item, tick in q.oldest(window):
+            cands.append((kind, item, tick, q.eff[item]))
+    if not cands:
+        return None
+    ticks = [c[2] for c in cands]
+    effs = [c[3] for c in cands]
+    t0, t1 = min(ticks), max(ticks)
+    e0, e1 = min(effs), max(effs)
+    best = None
+    best_u = float("inf")
+    for kind, item, tick, eff in cands:
+        rec = (tick - t0) / (t1 - t0) if t1 > t0 else 1.0
+        ne = (eff - e0) / (e1 - e0) if e1 > e0 else 1.0
+        u = alpha * ne + rec
+        if u < best_u:
+            best_u, best = u, (kind, item)
+    return best
+
+
+def check_eviction_name(name: str) -> str:
+    if name not in EVICTION_POLICIES:
+        raise UnknownNameError(
+            f"unknown eviction policy {name!r}; known: {', '.join(EVICTION_POLICIES)}"
+        )
+    return name
