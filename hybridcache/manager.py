@@ -1,0 +1,612 @@
+"""HybridCacheManager: prefix caching for models with KV pages and recurrent state.
+
+The path of one request (see ``docs/architecture.md``)::
+
+    add_request(id, tokens)  -> tokens hashed per unit (chained, tenant-salted)
+    match(id)                -> longest prefix with KV in every attention group AND a
+                                snapshot (no state is usable without one); read-only
+    allocate(id, n)          -> KV pages for n more tokens + a private running-state slot;
+                                first call: hit pages held, copy plan snapshot -> running
+                                slot (a cached snapshot is never written), save points
+    ... engine runs the copy plan, computes the tokens, writes states at save points ...
+    append_tokens(id, ids)   -> decode tokens hashed as units complete
+    commit(id, n)            -> full units' pages and saved snapshots registered
+    accept(id, n)            -> speculative decoding: keep n tokens, roll back the rest
+    free(id)                 -> references dropped; entries stay cached until evicted
+
+Invariants (checked by the stateful tests): a copy plan never targets a registered
+snapshot; reference counts never go negative; a page or slot is never both free and in use;
+bytes never exceed the budget; a snapshot of a rejected draft token is never registered.
+Every error that bad input can cause is raised before any state changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridcache.arena import Arena, ArenaLayout, plan_layout
+from hybridcache.errors import InvalidRequestError, OutOfSpaceError
+from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
+from hybridcache.index import Node, PrefixIndex
+from hybridcache.metrics import CacheMetrics
+from hybridcache.policy import AdmissionPolicy, check_eviction_name
+from hybridcache.requests import Request, admission_points
+from hybridcache.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Settings of a manager; baselines of the simulator are settings too.
+
+    Args:
+        hash_unit: tokens per hash unit and per KV page.
+        hash_algo: ``xxh3_128`` (default) or ``sha256``.
+        hash_seed: stable salt of every chain (same value on every node of a deployment).
+        admission: snapshot rules, see :mod:`hybridcache.policy`.
+        eviction: ``value`` (default), ``lru`` or ``marconi``.
+        marconi_alpha / marconi_window: Marconi's utility weight and candidate window.
+        tenant_quotas: bytes of cached entries each tenant may hold (``None``: unlimited);
+            the key ``"*"`` applies to tenants not listed.
+        alignment: byte alignment of pages and slots in the arena.
+    """
+
+    hash_unit: int = 16
+    hash_algo: str = "xxh3_128"
+    hash_seed: str = ""
+    admission: str = "last-token+turn-end+branch-point"
+    eviction: str = "value"
+    marconi_alpha: float = 1.0
+    marconi_window: int = 64
+    tenant_quotas: dict[str, int] | None = None
+    alignment: int = 256
+    min_seen: int = 1
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Outcome of :meth:`HybridCacheManager.match` (tokens, multiples of the hash unit)."""
+
+    hit_tokens: int
+    kv_hit_tokens: int
+
+    @property
+    def kv_hit_state_miss_tokens(self) -> int:
+        return self.kv_hit_tokens - self.hit_tokens
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """Copies the engine runs before computing: ``src[i] -> dst[i]`` (slot or page ids)."""
+
+    src: tuple[int, ...] = ()
+    dst: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(zip(self.src, self.dst))
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """The engine must write the state after token ``boundary`` into state slot ``slot``."""
+
+    boundary: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What :meth:`HybridCacheManager.allocate` hands the engine for one step.
+
+    Attributes:
+        start: first token to compute in this step (== hit tokens on the first step).
+        num_tokens: tokens to compute in this step.
+        block_table: per attention group, the page of every unit of the request so far.
+        running_slot: state slot the engine computes in (``-1`` for attention-only models).
+        init_state: True when the running state must start from zeros (no snapshot hit).
+        state_copies: snapshot -> running slot copies to run first (copy-on-extend).
+        save_points: states to write during this step (boundaries inside the step).
+        draft_slots: speculative decoding: slot ``i`` receives the state after input
+            ``start + i + 1``; the running slot receives the state after the last input.
+    """
+
+    start: int
+    num_tokens: int
+    block_table: dict[str, list[int]]
+    running_slot: int
+    init_state: bool
+    state_copies: CopyPlan
+    save_points: tuple[SavePoint, ...]
+    draft_slots: tuple[int, ...] = ()
+    hit_tokens: int = 0
+
+
+@dataclass
+class _Undo:
+    pages: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+
+
+class HybridCacheManager:
+    """Prefix cache manager for one model over one byte budget (see module docstring)."""
+
+    def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
+        self.spec = spec
+        self.config = cfg = config or CacheConfig()
+        check_eviction_name(cfg.eviction)
+        hash_function(cfg.hash_algo)  # validates the name
+        self.admission = AdmissionPolicy.parse(cfg.admission, cfg.hash_unit)
+        self.layout: ArenaLayout = plan_layout(spec, int(capacity_bytes), cfg.hash_unit, cfg.alignment)
+        self.arena = Arena(self.layout)
+        self.unit = cfg.hash_unit
+        self.groups = [g.name for g in spec.attention_groups]
+        self.has_state = spec.has_state
+        # Priority units: FLOPs per byte of a full-prompt-sized unit, so values are ~O(1).
+        scale = max(spec.flops.prefill_flops(0, cfg.hash_unit) / max(self.layout.page_bytes, 1), 1e-30)
+        self.index = PrefixIndex(
+            self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
+        )
+        self.metrics = CacheMetrics()
+        self.requests: dict[str, Request] = {}
+        self.tick = 0
+        self._seen: dict[bytes, int] = {}
+
+    # ------------------------------------------------------------------ requests
+    def add_request(
+        self,
+        request_id: str,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        tenant: str | None = None,
+        lora: str | int | None = None,
+        mm_items: Sequence[MultiModalItem] = (),
+        digests: Sequence[bytes] | None = None,
+    ) -> MatchResult:
+        """Register a waiting request and hash its prompt; returns its current match.
+
+        Args:
+            request_id: unique among live requests.
+            token_ids: the whole prompt (history included).
+            tenant: cache isolation domain (salts the hash chain).
+            lora: LoRA adapter id, part of the hash chain.
+            mm_items: multimodal items whose identifiers enter the units they cover.
+            digests: precomputed unit digests (the simulator's traces carry block ids
+                instead of tokens); then ``token_ids`` is only used for its length.
+        """
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request {request_id!r} already exists")
+        cfg = self.config
+        if digests is None:
+            arr = as_token_array(token_ids, f"request {request_id!r} token ids")
+            n = len(arr)
+        else:
+            n = len(token_ids) if not isinstance(token_ids, int) else token_ids
+        if n == 0:
+            raise InvalidRequestError(f"request {request_id!r}: empty prompt")
+        if n > self.spec.max_model_len:
+            raise InvalidRequestError(
+                f"request {request_id!r}: {n} tokens exceed max_model_len {self.spec.max_model_len}"
+            )
+        hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant, lora, mm_items)
+        if digests is None:
+            hasher.extend_validated(arr)
+        else:
+            if len(digests) != n // cfg.hash_unit:
+                raise InvalidRequestError(
+                    f"request {request_id!r}: {len(digests)} digests for {n} tokens "
+                    f"(expected {n // cfg.hash_unit})"
+                )
+            hasher.digests = list(digests)
+            hasher.num_tokens = n
+        req = Request(request_id, hasher, tenant, n)
+        self.requests[request_id] = req
+        return self.match(request_id)
+
+    def match(self, request_id: str) -> MatchResult:
+        """Longest cached prefix usable by the request (read-only).
+
+        The hit is a multiple of the hash unit, covered by KV in every attention group and
+        by a snapshot (for models with state), and never the whole prompt: the last token
+        is always recomputed so that the engine has logits to sample from.
+        """
+        req = self._get(request_id)
+        if req.allocated:
+            return MatchResult(req.hit_tokens, req.kv_hit_tokens)
+        max_units = (req.num_tokens - 1) // self.unit
+        kv_units, snap_units, _ = self.index.walk(req.hasher.digests, max_units)
+        hit = snap_units if self.has_state else kv_units
+        return MatchResult(hit * self.unit, kv_units * self.unit)
+
+    def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
+        """Append generated (or accepted draft) tokens to the request's known tokens."""
+        req = self._get(request_id)
+        arr = as_token_array(token_ids, f"request {request_id!r} appended token ids")
+        if req.num_tokens + len(arr) > self.spec.max_model_len:
+            raise InvalidRequestError(
+                f"request {request_id!r}: {req.num_tokens + len(arr)} tokens exceed "
+                f"max_model_len {self.spec.max_model_len}"
+            )
+        req.hasher.extend_validated(arr)
+        req.num_tokens = req.hasher.num_tokens
+
+    def append_digests(self, request_id: str, num_tokens: int, digests: Sequence[bytes]) -> None:
+        """Digest-level :meth:`append_tokens` for requests added with ``digests``."""
+        req = self._get(request_id)
+        total = req.num_tokens + num_tokens
+        if len(req.hasher.digests) + len(digests) != total // self.unit:
+            raise InvalidRequestError(f"request {request_id!r}: digests do not match {total} tokens")
+        req.hasher.digests.extend(digests)
+        req.hasher.num_tokens = req.num_tokens = total
+
+    # ------------------------------------------------------------------ allocate
+    def allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0) -> Allocation:
+        """Pages (and on the first call the running slot and copy plan) for new tokens.
+
+        Args:
+            request_id: a request added with :meth:`add_request`.
+            num_new_tokens: tokens the engine computes in this step (including drafts).
+            num_draft: speculative decoding: draft tokens among them; that many extra state
+                slots are reserved until :meth:`accept`.
+
+        Raises:
+            InvalidRequestError: bad counts or lengths (nothing changed).
+            OutOfSpaceError: not enough evictable memory (nothing changed).
+        """
+        req = self._get(request_id)
+        if num_new_tokens <= 0:
+            raise InvalidRequestError(f"request {request_id!r}: num_new_tokens must be > 0")
+        if not 0 <= num_draft < num_new_tokens:
+            raise InvalidRequestError(
+                f"request {request_id!r}: num_draft must be in [0, {num_new_tokens - 1}]"
+            )
+        if req.draft_slots:
+            raise InvalidRequestError(f"request {request_id!r}: accept() the drafts first")
+        if req.allocated and req.num_allocated != req.num_computed:
+            raise InvalidRequestError(
+                f"request {request_id!r}: commit the {req.num_allocated - req.num_computed} "
+                "allocated tokens before allocating more"
+            )
+        first = not req.allocated
+        start = self._begin(req) if first else req.num_allocated
+        end = start + num_new_tokens
+        if end > self.spec.max_model_len:
+            self._rollback_first(req) if first else None
+            raise InvalidRequestError(
+                f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
+            )
+        undo = _Undo()
+        try:
+            copies = self._first_slot(req, undo) if first else CopyPlan()
+            self._alloc_pages(req, end, undo)
+            drafts = tuple(self._need_slot(undo) for _ in range(num_draft)) if self.has_state else ()
+        except OutOfSpaceError:
+            for p in undo.pages:
+                self.arena.free_page(p)
+            for s in undo.slots:
+                self.arena.free_slot(s)
+            if first:
+                self._rollback_first(req)
+            raise
+        req.num_allocated = end
+        req.draft_slots = list(drafts)
+        req.step_start = start
+        saves = self._schedule_saves(req, start, end)
+        return Allocation(
+            start=start,
+            num_tokens=num_new_tokens,
+            block_table={g: list(t) for g, t in zip(self.groups, req.pages)},
+            running_slot=req.slot,
+            init_state=first and req.restore is None,
+            state_copies=copies,
+            save_points=saves,
+            draft_slots=drafts,
+            hit_tokens=req.hit_tokens,
+        )
+
+    def _begin(self, req: Request) -> int:
+        """First allocation: apply the match and hold its pages and snapshot."""
+        self.tick += 1
+        max_units = (req.num_tokens - 1) // self.unit
+        kv_units, snap_units, snap_node = self.index.walk(req.hasher.digests, max_units)
+        hit_units = snap_units if self.has_state else kv_units
+        nodes = self.index.nodes
+        held = [nodes[d] for d in req.hasher.digests[:hit_units]]
+        for node in held:
+            self.index.hold_kv(node)
+        req.nodes = list(held)
+        req.pages = [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
+        req.units_allocated = hit_units
+        req.hit_tokens = hit_units * self.unit
+        req.kv_hit_tokens = kv_units * self.unit
+        req.restore = snap_node if (self.has_state and hit_units) else None
+        if req.restore is not None:
+            self.index.pin_snapshot(req.restore)
+        req.allocated = True
+        req.num_computed = req.hit_tokens
+        req.prompt_len = req.num_tokens
+        return req.hit_tokens
+
+    def _rollback_first(self, req: Request) -> None:
+        for node in reversed(req.nodes):
+            self.index.release_kv(node, self.tick)
+        if req.restore is not None:
+            self.index.unpin_snapshot(req.restore, self.tick)
+        req.reset()
+
+    def _first_slot(self, req: Request, undo: _Undo) -> CopyPlan:
+        if not self.has_state:
+            return CopyPlan()
+        req.slot = self._need_slot(undo)
+        if req.restore is None:
+            return CopyPlan()
+        return CopyPlan((req.restore.snap,), (req.slot,))
+
+    def _need_slot(self, undo: _Undo) -> int:
+        s = self.index.alloc_slot()
+        if s is None:
+            raise OutOfSpaceError("no state slot can be freed: every slot is in use")
+        undo.slots.append(s)
+        return s
+
+    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> None:
+        """Private pages for the units up to token ``end``; all or nothing."""
+        have, need = req.units_allocated, -(-end // self.unit)
+        if need <= have:
+            return
+        new: list[list[int]] = [[] for _ in self.groups]
+        for _ in range(have, need):
+            for g in range(len(self.groups)):
+                p = self.index.alloc_page()
+                if p is None:
+                    raise OutOfSpaceError("no KV page can be freed: every page is in use")
+                undo.pages.append(p)
+                new[g].append(p)
+        for table, pages in zip(req.pages, new):
+            table.extend(pages)
+        req.units_allocated = need
+
+    def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
+        wanted = admission_points(self.admission, req, start, end, self.unit)
+        out: list[SavePoint] = []
+        for b, rolling in wanted:
+            if not self.has_state or b in req.saves:
+                continue
+            if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
+                continue
+            if rolling:
+                if req.rolling_slot < 0:
+                    s = self.index.alloc_slot()
+                    if s is None:
+                        self.metrics.snapshots_skipped += 1
+                        continue
+                    req.rolling_slot = s
+                req.rolling_boundary = b
+                out.append(SavePoint(b, req.rolling_slot))
+                continue
+            s = self.index.alloc_slot()
+            if s is None:
+                self.metrics.snapshots_skipped += 1
+                continue
+            req.saves[b] = s
+            out.append(SavePoint(b, s))
+        return tuple(out)
+
+    def _seen_enough(self, req: Request, boundary: int) -> bool:
+        d = req.hasher.digests[boundary // self.unit - 1]
+        n = self._seen.get(d, 0) + 1
+        if len(self._seen) > 1_000_000:
+            self._seen.clear()
+        self._seen[d] = n
+        return n >= self.admission.min_seen
+
+    # ------------------------------------------------------------------ commit / accept
+    def commit(self, request_id: str, num_computed_tokens: int) -> None:
+        """Tokens ``[0, num_computed_tokens)`` are computed: register full units and snapshots.
+
+        KV of a unit is registered once its tokens are computed and known (appended);
+        snapshots at save points up to ``num_computed_tokens`` are registered as written.
+
+        Raises:
+            InvalidRequestError: more tokens than allocated, or fewer than already committed.
+        """
+        req = self._get(request_id)
+        n = num_computed_tokens
+        if not req.allocated or n > req.num_allocated:
+            raise InvalidRequestError(
+                f"request {request_id!r}: commit of {n} tokens but only "
+                f"{req.num_allocated if req.allocated else 0} allocated"
+            )
+        if n < req.num_computed:
+            raise InvalidRequestError(
+                f"request {request_id!r}: commit of {n} tokens after {req.num_computed}"
+            )
+        if req.draft_slots:
+            raise InvalidRequestError(f"request {request_id!r}: accept() the drafts before commit")
+        self.tick += 1
+        if req.restore is not None:
+            self.index.unpin_snapshot(req.restore, self.tick)
+            req.restore.snap_hits += 1
+            self.metrics.snapshot_copies += 1
+            req.restore = None
+        if not req.counted:
+            self._count_request(req)
+        req.num_computed = n
+        self._register_units(req, min(n, req.num_tokens) // self.unit)
+        for b in sorted(b for b in req.saves if b <= n and b <= req.num_tokens):
+            self._register_snapshot(req, b, req.saves.pop(b))
+
+    def _count_request(self, req: Request) -> None:
+        m = self.metrics
+        req.counted = True
+        m.requests += 1
+        m.prompt_tokens += req.prompt_len
+        m.hit_tokens += req.hit_tokens
+        m.kv_hit_tokens += req.kv_hit_tokens
+        m.kv_hit_state_miss_tokens += req.kv_hit_tokens - req.hit_tokens
+        m.hit_requests += req.hit_tokens > 0
+        f = self.spec.flops.prefill_flops
+        m.prefill_flops += f(0, req.prompt_len)
+        m.prefill_flops_saved += f(0, req.hit_tokens)
+        for node in req.nodes:
+            node.kv_hits += 1
+
+    def _register_units(self, req: Request, full_units: int) -> None:
+        index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
+        f = self.spec.flops.prefill_flops
+        while len(req.nodes) < full_units:
+            i = len(req.nodes)
+            node = index.nodes.get(digests[i])
+            if node is not None and node.pages is not None:
+                index.hold_kv(node)  # duplicate: keep our private page, hold theirs
+                req.dup_pages.append(i)
+            elif quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.node_kv_bytes > quota:
+                self.metrics.quota_rejections += 1
+                return
+            else:
+                pages = tuple(t[i] for t in req.pages)
+                node = index.register_kv(
+                    digests[i], i, req.tenant, pages, f(i * self.unit, (i + 1) * self.unit)
+                )
+                self.metrics.kv_pages_registered += len(pages)
+            req.nodes.append(node)
+
+    def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
+        u = boundary // self.unit
+        node = req.nodes[u - 1] if u - 1 < len(req.nodes) else None
+        quota = self._quota(req.tenant)
+        if node is None or node.pages is None or node.snap >= 0:
+            self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
+            return
+        if quota is not None and self.index.tenant_bytes.get(req.tenant, 0) + self.index.snap_bytes > quota:
+            self.metrics.quota_rejections += 1
+            self.arena.free_slot(slot)
+            return
+        prev = req.last_snapshot_boundary(boundary)
+        flops = self.spec.flops.prefill_flops(prev, boundary)
+        self.index.register_snapshot(node, slot, flops, self.tick)
+        self.metrics.snapshots_saved += 1
+
+    def _quota(self, tenant: str | None) -> int | None:
+        q = self.config.tenant_quotas
+        if not q:
+            return None
+        return q.get(tenant if tenant is not None else "", q.get("*"))
+
+    def accept(self, request_id: str, num_accepted: int) -> None:
+        """Speculative decoding: keep the first ``num_accepted`` computed inputs of the step.
+
+        The running state becomes the state after the last accepted input (a slot swap, no
+        copy); pages and save points past it are released, so a snapshot of a rejected
+        token is never registered.
+        """
+        req = self._get(request_id)
+        n_step = req.num_allocated - req.step_start
+        if not 1 <= num_accepted <= n_step:
+            raise InvalidRequestError(
+                f"request {request_id!r}: num_accepted must be in [1, {n_step}], got {num_accepted}"
+            )
+        drafts = req.draft_slots
+        if num_accepted < n_step and drafts:
+            keep = drafts[num_accepted - 1]
+            drafts[num_accepted - 1] = req.slot
+            req.slot = keep
+        for s in drafts:
+            self.arena.free_slot(s)
+        req.draft_slots = []
+        end = req.step_start + num_accepted
+        for b in [b for b in req.saves if b > end]:
+            self.arena.free_slot(req.saves.pop(b))
+            self.metrics.snapshots_rejected += 1
+        if req.rolling_boundary > end:
+            req.rolling_boundary = -1
+        req.num_allocated = end
+        keep_units = max(-(-end // self.unit), len(req.nodes))
+        for t in req.pages:
+            for p in t[keep_units:]:
+                self.arena.free_page(p)
+            del t[keep_units:]
+        req.units_allocated = min(req.units_allocated, keep_units)
+
+    # ------------------------------------------------------------------ free
+    def free(self, request_id: str, *, finished: bool = True) -> None:
+        """Release the request. ``finished`` turns its turn-end snapshot into a cached one."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            raise InvalidRequestError(f"free of unknown request {request_id!r}")
+        self.tick += 1
+        if req.allocated and not req.counted and req.num_computed > req.hit_tokens:
+            self._count_request(req)
+        if req.restore is not None:
+            self.index.unpin_snapshot(req.restore, self.tick)
+        for s in req.draft_slots:
+            self.arena.free_slot(s)
+        for s in req.saves.values():
+            self.arena.free_slot(s)
+        rb = req.rolling_boundary
+        if req.rolling_slot >= 0:
+            if finished and 0 < rb <= min(req.num_computed, req.num_tokens):
+                self._register_snapshot(req, rb, req.rolling_slot)
+            else:
+                self.arena.free_slot(req.rolling_slot)
+        if req.slot >= 0:
+            self.arena.free_slot(req.slot)
+        for t in req.pages:
+            for p in t[len(req.nodes) : req.units_allocated]:
+                self.arena.free_page(p)
+        for i in req.dup_pages:
+            for t in req.pages:
+                self.arena.free_page(t[i])
+        # Deepest first, so that under LRU the tail of a prefix is evicted before its head.
+        for node in reversed(req.nodes):
+            self.index.release_kv(node, self.tick)
+
+    def clear(self) -> int:
+        """Evict every cached entry no request holds; returns how many were evicted."""
+        return self.index.clear()
+
+    # ------------------------------------------------------------------ queries
+    def _get(self, request_id: str) -> Request:
+        try:
+            return self.requests[request_id]
+        except KeyError:
+            raise InvalidRequestError(f"unknown request {request_id!r}") from None
+
+    def stats(self) -> dict[str, object]:
+        """Metrics plus arena occupancy, JSON-friendly."""
+        s = self.arena.stats()
+        out: dict[str, object] = dict(self.metrics.as_dict())
+        out.update(
+            evictions_kv=self.index.evictions["kv"],
+            evictions_state=self.index.evictions["state"],
+            evicted_bytes_kv=self.index.evicted_bytes["kv"],
+            evicted_bytes_state=self.index.evicted_bytes["state"],
+            capacity_bytes=s.capacity_bytes,
+            used_bytes=s.used_bytes,
+            kv_bytes=s.kv_bytes,
+            state_bytes=s.state_bytes,
+            padding_bytes=s.padding_bytes,
+            fragmentation_bytes=s.fragmentation_bytes,
+            utilisation=s.utilisation,
+            cached_nodes=len(self.index.nodes),
+        )
+        return out
+
+    def sync_metrics(self) -> CacheMetrics:
+        """:attr:`metrics` with the index's eviction counters copied in."""
+        m = self.metrics
+        m.evictions_kv = self.index.evictions["kv"]
+        m.evictions_state = self.index.evictions["state"]
+        m.evicted_bytes_kv = self.index.evicted_bytes["kv"]
+        m.evicted_bytes_state = self.index.evicted_bytes["state"]
+        return m
+
+    def cached_snapshot_slots(self) -> set[int]:
+        return {n.snap for n in self.index.nodes.values() if n.snap >= 0}
+
+    def iter_nodes(self) -> Iterable[Node]:
+        return self.index.nodes.values()

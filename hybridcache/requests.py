@@ -1,0 +1,98 @@
+"""Per-request bookkeeping of the manager, and where admission wants snapshots.
+
+Kept apart from :mod:`hybridcache.manager` so that the manager reads as the algorithm and
+this file as the data it walks over.
+"""
+
+from __future__ import annotations
+
+from hybridcache.hashing import TokenHasher
+from hybridcache.index import Node
+from hybridcache.policy import AdmissionPolicy
+
+
+class Request:
+    """State of one live request.
+
+    Units ``[0, len(nodes))`` are registered (their pages belong to cached nodes the request
+    holds; for duplicates, listed in ``dup_pages``, the request computed its own copy and
+    keeps it private). Units ``[len(nodes), units_allocated)`` have private pages.
+    """
+
+    __slots__ = (
+        "id", "hasher", "tenant", "num_tokens", "prompt_len", "allocated", "counted",
+        "nodes", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
+        "rolling_slot", "rolling_boundary", "restore", "hit_tokens", "kv_hit_tokens",
+        "num_computed", "num_allocated", "step_start", "snap_marks",
+    )
+
+    def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
+        self.id = request_id
+        self.hasher = hasher
+        self.tenant = tenant
+        self.num_tokens = n
+        self.prompt_len = n
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to 'waiting': nothing held, nothing allocated."""
+        self.allocated = False
+        self.counted = False
+        self.nodes: list[Node] = []
+        self.pages: list[list[int]] = []
+        self.units_allocated = 0
+        self.dup_pages: list[int] = []
+        self.slot = -1
+        self.draft_slots: list[int] = []
+        self.saves: dict[int, int] = {}
+        self.rolling_slot = -1
+        self.rolling_boundary = -1
+        self.restore: Node | None = None
+        self.hit_tokens = 0
+        self.kv_hit_tokens = 0
+        self.num_computed = 0
+        self.num_allocated = 0
+        self.step_start = 0
+        self.snap_marks: list[int] = []
+
+    def last_snapshot_boundary(self, boundary: int) -> int:
+        """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""
+        best = self.hit_tokens if self.hit_tokens < boundary else 0
+        for b in self.snap_marks:
+            if best < b < boundary:
+                best = b
+        self.snap_marks.append(boundary)
+        return best
+
+
+def admission_points(
+    policy: AdmissionPolicy, req: Request, start: int, end: int, unit: int
+) -> list[tuple[int, bool]]:
+    """Boundaries in ``(start, end]`` where ``policy`` wants a snapshot.
+
+    Returns:
+        ``(boundary, rolling)`` pairs in increasing order. ``rolling`` marks the turn-end
+        save, which the engine overwrites at every boundary it passes while decoding and
+        which is registered only when the request finishes.
+    """
+    p = req.prompt_len
+    last_in_prompt = (p - 1) // unit * unit
+    wanted: set[int] = set()
+    if policy.last_token:
+        wanted.add(last_in_prompt)
+    if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
+        wanted.add(min(req.kv_hit_tokens, last_in_prompt))
+    if policy.interval:
+        n = policy.interval
+        b = (start // n + 1) * n
+        while b <= min(end, p):
+            wanted.add(b)
+            b += n
+    if policy.chunk_end and end <= p:
+        wanted.add(end // unit * unit)
+    out = [(b, False) for b in sorted(wanted) if start < b <= end and b > 0]
+    if policy.turn_end and end > p:
+        b = end // unit * unit
+        if b > start and b > last_in_prompt:
+            out.append((b, True))
+    return out
