@@ -81,10 +81,16 @@ def _same_width_views(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tenso
     return src.view(dtype), dst.view(dtype)
 
 
-def copy_job_torch(job: RowCopyJob, batch_max_row_bytes: int = BATCH_MAX_ROW_BYTES) -> None:
-    """Execute one job; pairs are grouped by byte count so partial copies batch too."""
+def copy_job_torch(job: RowCopyJob, batch_max_row_bytes: int | None = None) -> None:
+    """Execute one job; pairs are grouped by byte count so partial copies batch too.
+
+    ``batch_max_row_bytes`` defaults to the module's :data:`BATCH_MAX_ROW_BYTES`, read at
+    call time so a benchmark or test can move the threshold.
+    """
     if len(job.src_idx) == 0:
         return
+    if batch_max_row_bytes is None:
+        batch_max_row_bytes = BATCH_MAX_ROW_BYTES
     for nb in np.unique(job.nbytes).tolist():
         if nb == 0:
             continue
@@ -97,9 +103,7 @@ def copy_job_torch(job: RowCopyJob, batch_max_row_bytes: int = BATCH_MAX_ROW_BYT
             _copy_loop(src, src_idx, dst, dst_idx)
 
 
-def copy_jobs_torch(
-    jobs: Sequence[RowCopyJob], batch_max_row_bytes: int = BATCH_MAX_ROW_BYTES
-) -> None:
+def copy_jobs_torch(jobs: Sequence[RowCopyJob], batch_max_row_bytes: int | None = None) -> None:
     """Execute every job with the torch strategies above (callers validated the plan)."""
     for job in jobs:
         copy_job_torch(job, batch_max_row_bytes)
