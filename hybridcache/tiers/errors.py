@@ -52,3 +52,7 @@ class FingerprintMismatchError(EntryFormatError):
 
 class KeyMismatchError(EntryFormatError):
     """The entry names another tenant or prefix hash than the key it was read under."""
+
+
+class InvalidEntryError(TierError, ValueError):
+    """An entry given to ``put`` cannot be stored (unsupported dtype, device tensor, bad name)."""

@@ -1,0 +1,83 @@
+"""Offload tiers below the device cache: host memory and Redis.
+
+A tier stores *entries*: the KV pages and the recurrent-state snapshot of one prefix, as one
+unit (restoring one without the other corrupts a hybrid model's output). Every tier fails
+closed: a missing, corrupt, foreign or unreachable entry is a miss, never wrong data and
+never an exception in the engine's path.
+
+Quick start::
+
+    from hybridcache.tiers import Entry, EntryKey, HostTier, RedisTier, TenantLimits
+
+    key = EntryKey("alice", spec.fingerprint(), prefix_hash_bytes)
+    entry = Entry({"kv": kv_pages, "state": snapshot}, meta={"tokens": 4096})
+    redis_tier = RedisTier("redis://cache:6379", secret=b"...32 random bytes...",
+                           limits=TenantLimits(default_ttl_s=3600, default_quota=8 << 30))
+    redis_tier.put(key, entry)            # returns at once; written in the background
+    hit = redis_tier.get(key)             # Entry or None
+    n = redis_tier.longest_prefix(keys)   # leading keys with complete entries
+
+See ``docs/tiers.md`` for deployment, key layout, format and failure behaviour.
+"""
+
+from hybridcache.tiers.base import Tier, TierStats
+from hybridcache.tiers.errors import (
+    ChecksumMismatchError,
+    EntryFormatError,
+    FingerprintMismatchError,
+    FormatVersionError,
+    InvalidEntryError,
+    KeyMismatchError,
+    MissingPieceError,
+    TierConfigError,
+    TierError,
+    TruncatedEntryError,
+)
+from hybridcache.tiers.format import (
+    FORMAT_VERSION,
+    EncodedEntry,
+    Entry,
+    Header,
+    PieceInfo,
+    decode,
+    encode,
+    from_blob,
+    parse_header,
+    to_blob,
+)
+from hybridcache.tiers.host import HostTier
+from hybridcache.tiers.keys import EntryKey, KeyCodec
+from hybridcache.tiers.limits import TenantLimits
+from hybridcache.tiers.redis_conn import connect
+from hybridcache.tiers.redis_tier import RedisTier
+
+__all__ = [
+    "FORMAT_VERSION",
+    "ChecksumMismatchError",
+    "EncodedEntry",
+    "Entry",
+    "EntryFormatError",
+    "EntryKey",
+    "FingerprintMismatchError",
+    "FormatVersionError",
+    "Header",
+    "HostTier",
+    "InvalidEntryError",
+    "KeyCodec",
+    "KeyMismatchError",
+    "MissingPieceError",
+    "PieceInfo",
+    "RedisTier",
+    "TenantLimits",
+    "Tier",
+    "TierConfigError",
+    "TierError",
+    "TierStats",
+    "TruncatedEntryError",
+    "connect",
+    "decode",
+    "encode",
+    "from_blob",
+    "parse_header",
+    "to_blob",
+]

@@ -1,0 +1,409 @@
+"""RedisTier: entries in Redis (single server, TLS, unix socket or Cluster), shared by engines.
+
+Layout: one Redis **hash per entry** at ``{ns}:{tenant}:{fingerprint}:{digest}`` (see
+:mod:`hybridcache.tiers.keys`), with field ``m`` = the manifest (the format header: it names
+every piece, its dtype, shape, length and checksum) and fields ``0..n-1`` = the pieces' bytes,
+cut into chunks of ``chunk_bytes``. A put is ``MULTI; UNLINK; HSET m+chunks; PEXPIRE; EXEC``:
+
+* a reader never sees half an entry (the write is one transaction, so the manifest and the
+  pieces it names appear together), which is what the usual "write data keys, then the
+  manifest key" order achieves, and more: TTL, ``maxmemory`` eviction and ``UNLINK`` remove
+  an entry whole, so ``EXISTS`` is an exact, one-round-trip completeness test, and a writer
+  that dies mid-way leaves no orphan pieces behind;
+* a manifest whose piece is missing (or an extra field, a short field, a flipped bit) fails
+  validation: the read is a miss and the entry is deleted.
+
+Writes run on a background thread (:class:`~hybridcache.tiers.writer.BackgroundWriter`):
+``put`` returns at once, a full queue drops the write (``dropped_writes``). Until a put or
+delete has reached Redis, ``get``/``contains`` in this process answer from the pending queue,
+so a process always reads its own writes. Reads are pipelined (one round trip per batch).
+
+Failures never reach the caller: connection errors and timeouts open a circuit breaker
+(misses and dropped writes, one warning per outage, a probe every ``retry_interval_s``, and
+recovery as soon as the server answers); server-side refusals (OOM, NOPERM) are counted and
+warned once per kind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from redis.cluster import RedisCluster
+from redis.exceptions import (
+    ClusterError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from hybridcache.tiers.base import Counters, Tier, TierStats
+from hybridcache.tiers.errors import EntryFormatError, MissingPieceError, TierConfigError
+from hybridcache.tiers.format import EncodedEntry, Entry, decode, encode, parse_header
+from hybridcache.tiers.health import Breaker
+from hybridcache.tiers.keys import EntryKey, KeyCodec
+from hybridcache.tiers.limits import TenantLimits
+from hybridcache.tiers.quota import QuotaLedger
+from hybridcache.tiers.redis_conn import RedisClient, connect, redact
+from hybridcache.tiers.writer import BackgroundWriter
+
+_log = logging.getLogger("hybridcache.tiers.redis")
+
+MANIFEST_FIELD = b"m"
+SECRET_ENV = "HYBRIDCACHE_TIER_SECRET"
+
+#: Errors that mean "the server is not reachable right now" (open the breaker).
+_OUTAGE_ERRORS = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    ClusterError,
+    RedisClusterException,
+    OSError,
+)
+
+T = TypeVar("T")
+
+
+class _Unavailable:
+    """Marker returned by :meth:`RedisTier._call` when Redis could not answer."""
+
+
+UNAVAILABLE = _Unavailable()
+
+
+@dataclass(eq=False)
+class _Job:
+    op: str  # "put" or "delete"
+    key: EntryKey
+    entry: Entry | None
+    ttl_s: float | None
+    nbytes: int
+
+
+class RedisTier(Tier):
+    """Entries in Redis, tenant-isolated, checksummed, written in the background.
+
+    Args:
+        url: ``redis://``, ``rediss://``, ``unix://``, ``redis-cluster://`` or
+            ``rediss-cluster://`` (see :mod:`hybridcache.tiers.redis_conn`); or pass ``client``.
+        secret: deployment secret for the keyed key digests (>= 16 bytes); defaults to the
+            ``HYBRIDCACHE_TIER_SECRET`` environment variable. Every engine sharing the cache
+            needs the same secret.
+        namespace: first key component.
+        client: an existing redis-py client (``decode_responses=False``) instead of ``url``.
+        limits: per-tenant TTLs and byte quotas (quotas are kept in Redis, shared by engines).
+        chunk_bytes: pieces are stored in fields of at most this size (redis-py parses
+            ~4 MiB values much faster than one 40 MiB value).
+        max_pending_writes / max_pending_bytes: bound of the write queue; beyond it, puts
+            are dropped.
+        retry_interval_s: after a connection failure, serve misses for this long before
+            probing the server again.
+        verify_reads: check piece checksums on read (keep on: it costs ~3% of a read).
+        **redis_kwargs: passed to redis-py (``username``, ``password``, ``ssl_ca_certs``...).
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        secret: bytes | None = None,
+        namespace: str = "hc",
+        client: RedisClient | None = None,
+        limits: TenantLimits | None = None,
+        chunk_bytes: int = 4 << 20,
+        max_pending_writes: int = 256,
+        max_pending_bytes: int = 1 << 30,
+        retry_interval_s: float = 1.0,
+        verify_reads: bool = True,
+        **redis_kwargs: Any,
+    ) -> None:
+        if (url is None) == (client is None):
+            raise TierConfigError("RedisTier: pass exactly one of url and client")
+        if chunk_bytes <= 0:
+            raise TierConfigError(f"chunk_bytes: must be positive, got {chunk_bytes}")
+        if secret is None and os.environ.get(SECRET_ENV):
+            secret = os.environ[SECRET_ENV].encode()
+        if secret is None:
+            raise TierConfigError(f"RedisTier: pass secret= or set {SECRET_ENV}")
+        self.codec = KeyCodec(namespace, secret)
+        self.limits = limits or TenantLimits()
+        self.chunk_bytes = chunk_bytes
+        self.verify_reads = verify_reads
+        self.name = f"redis tier {redact(url) if url else type(client).__name__}"
+        self._url, self._redis_kwargs = url, redis_kwargs
+        self._client: RedisClient | None = client
+        self._ledger: QuotaLedger | None = None
+        self._client_lock = threading.Lock()
+        self._breaker = Breaker(self.name, retry_interval_s, _log)
+        self._counters = Counters()
+        self._warned: set[str] = set()
+        self._pending: dict[EntryKey, _Job] = {}
+        self._plock = threading.Lock()
+        self._writer: BackgroundWriter[_Job] = BackgroundWriter(
+            self._write_batch,
+            max_jobs=max_pending_writes,
+            max_bytes=max_pending_bytes,
+            batch_bytes=min(max_pending_bytes, 128 << 20),
+            name="hybridcache-redis-writer",
+        )
+
+    # ------------------------------------------------------------------ public API
+
+    def put(
+        self, key: EntryKey, entry: Entry, *, ttl_s: float | None = None, priority: float = 0.0
+    ) -> bool:
+        """Queue ``entry`` for writing; returns at once (``False``: queue full, dropped).
+
+        The tier keeps references to the entry's arrays until written: do not modify them.
+        ``priority`` is ignored (Redis evicts by quota order and TTL).
+        """
+        ttl = self.limits.ttl_for(key.tenant, ttl_s)
+        job = _Job("put", key, entry, ttl, entry.nbytes)
+        with self._plock:
+            if not self._writer.submit(job):
+                self._counters.add(dropped_writes=1)
+                return False
+            self._pending[key] = job
+        return True
+
+    def delete(self, key: EntryKey) -> None:
+        """Queue a delete, ordered after earlier puts of the same key (never dropped)."""
+        job = _Job("delete", key, None, None, 0)
+        with self._plock:
+            self._writer.submit(job, bounded=False)
+            self._pending[key] = job
+
+    def get_many(self, keys: Sequence[EntryKey]) -> list[Entry | None]:
+        results: list[Entry | None] = [None] * len(keys)
+        remote = self._serve_pending(keys, results, lambda job: job.entry)
+        if remote:
+            names = [self.codec.entry_key(keys[i]) for i in remote]
+            replies = self._call(lambda c: _pipelined(c, "hgetall", names))
+            if replies is UNAVAILABLE:
+                replies = [None] * len(remote)
+            for i, name, reply in zip(remote, names, replies, strict=True):
+                results[i] = self._decode_reply(keys[i], name, reply)
+        hits = [e for e in results if e is not None]
+        self._counters.add(
+            hits=len(hits), misses=len(keys) - len(hits), bytes_out=sum(e.nbytes for e in hits)
+        )
+        return results
+
+    def contains_many(self, keys: Sequence[EntryKey]) -> list[bool]:
+        found: list[bool] = [False] * len(keys)
+        remote = self._serve_pending(keys, found, lambda job: job.entry is not None)
+        if remote:
+            names = [self.codec.entry_key(keys[i]) for i in remote]
+            replies = self._call(lambda c: _pipelined(c, "exists", names))
+            if replies is not UNAVAILABLE:
+                for i, reply in zip(remote, replies, strict=True):
+                    found[i] = reply == 1
+        return found
+
+    def stats(self) -> TierStats:
+        return self._counters.snapshot(pending_writes=self._writer.pending)
+
+    def flush(self, timeout_s: float | None = None) -> bool:
+        return self._writer.flush(timeout_s)
+
+    def close(self) -> None:
+        self._writer.close()
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+
+    def usage(self, tenant: str) -> int | None:
+        """Bytes accounted to ``tenant`` in the shared ledger (``None``: no quota or down)."""
+        if self.limits.quota_for(tenant) is None:
+            return None
+        out = self._call(lambda c: self._get_ledger().usage(tenant))
+        return None if out is UNAVAILABLE else out
+
+    def reconcile_quota(self, tenant: str) -> int | None:
+        """Release ledger bytes of entries Redis no longer holds (see :mod:`.quota`)."""
+        out = self._call(lambda c: self._get_ledger().reconcile(tenant))
+        return None if out is UNAVAILABLE else out
+
+    def ping(self) -> bool:
+        """Whether the server answers now (bypasses the breaker's wait)."""
+        try:
+            ok = bool(self._get_client().ping())
+        except (RedisError, *_OUTAGE_ERRORS) as exc:
+            self._breaker.failure(exc)
+            return False
+        self._breaker.success()
+        return ok
+
+    # ------------------------------------------------------------------ reads
+
+    def _serve_pending(
+        self, keys: Sequence[EntryKey], out: list, answer: Callable[[_Job], object]
+    ) -> list[int]:
+        """Fill ``out`` for keys with a pending job; return the indices Redis must answer."""
+        remote: list[int] = []
+        with self._plock:
+            for i, key in enumerate(keys):
+                job = self._pending.get(key)
+                if job is None:
+                    remote.append(i)
+                else:
+                    out[i] = answer(job)
+        return remote
+
+    def _decode_reply(self, key: EntryKey, name: str, reply: object) -> Entry | None:
+        if not reply:  # absent (empty hash), or unavailable
+            return None
+        try:
+            if isinstance(reply, Exception):  # e.g. WRONGTYPE: not one of our hashes
+                raise EntryFormatError(f"{type(reply).__name__}: {reply}")
+            return _decode_fields(key, reply, self.verify_reads)
+        except EntryFormatError as exc:
+            _log.info("%s: dropping corrupt entry %s (%s)", self.name, name, exc)
+            self._counters.add(corrupt=1)
+            self._call(lambda c: self._unlink(c, key, [name]))
+            return None
+
+    # ------------------------------------------------------------------ writes
+
+    def _write_batch(self, jobs: list[_Job]) -> None:
+        """Writer thread: reserve quota, then one transaction per batch (per entry on Cluster)."""
+        puts = [j for j in jobs if j.op == "put"]
+        try:
+            out = self._call(lambda c: self._write_now(c, jobs))
+            if out is UNAVAILABLE:
+                self._counters.add(dropped_writes=len(puts))
+        finally:
+            with self._plock:
+                for job in jobs:
+                    if self._pending.get(job.key) is job:
+                        del self._pending[job.key]
+
+    def _write_now(self, client: RedisClient, jobs: list[_Job]) -> None:
+        victims: list[str] = []
+        writes: list[tuple[str, _Job, EncodedEntry | None]] = []
+        for job in jobs:
+            name = self.codec.entry_key(job.key)
+            encoded = None
+            if job.op == "put":
+                assert job.entry is not None
+                encoded = encode(job.key, job.entry, chunk_bytes=self.chunk_bytes)
+                admitted, evicted = self._reserve(job, name, encoded.stored_bytes)
+                victims += evicted
+                if not admitted:
+                    continue
+            writes.append((name, job, encoded))
+        if victims:
+            _pipelined(client, "unlink", victims)
+            self._counters.add(evictions=len(victims))
+        # Standalone: the whole batch is one MULTI/EXEC. Cluster: a transaction must stay on
+        # one slot, so one per entry (each entry is a single key).
+        groups = [writes] if not isinstance(client, RedisCluster) else [[w] for w in writes]
+        for group in groups:
+            pipe = client.pipeline(transaction=True)
+            for name, job, encoded in group:
+                _queue_write(pipe, name, encoded, job.ttl_s)
+            pipe.execute()
+        for name, job, encoded in writes:
+            if encoded is None:
+                self._release(job.key, name)
+        stored = [e.nbytes for _, _, e in writes if e is not None]
+        self._counters.add(
+            puts=len(stored), deletes=len(writes) - len(stored), bytes_in=sum(stored)
+        )
+
+    def _reserve(self, job: _Job, name: str, size: int) -> tuple[bool, list[str]]:
+        """Account ``size`` bytes (header + payload) in the tenant's shared ledger."""
+        quota = self.limits.quota_for(job.key.tenant)
+        if quota is None:
+            return True, []
+        admitted, victims = self._get_ledger().reserve(job.key.tenant, name, size, job.ttl_s, quota)
+        if not admitted:
+            self._counters.add(quota_rejections=1)
+        return admitted, victims
+
+    def _release(self, key: EntryKey, name: str) -> None:
+        if self.limits.quota_for(key.tenant) is not None:
+            self._get_ledger().release(key.tenant, name)
+
+    def _unlink(self, client: RedisClient, key: EntryKey, names: list[str]) -> None:
+        client.unlink(*names)
+        for name in names:
+            self._release(key, name)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _get_client(self) -> RedisClient:
+        """The client, created on first use (a Cluster client connects when created)."""
+        with self._client_lock:
+            if self._client is None:
+                assert self._url is not None
+                self._client = connect(self._url, **self._redis_kwargs)
+            return self._client
+
+    def _get_ledger(self) -> QuotaLedger:
+        if self._ledger is None:
+            self._ledger = QuotaLedger(self._get_client(), self.codec)
+        return self._ledger
+
+    def _call(self, fn: Callable[[RedisClient], T]) -> T | _Unavailable:
+        """Run ``fn`` against Redis, turning every failure into ``UNAVAILABLE``."""
+        if not self._breaker.allow():
+            return UNAVAILABLE
+        try:
+            out = fn(self._get_client())
+        except _OUTAGE_ERRORS as exc:
+            self._counters.add(errors=1)
+            self._breaker.failure(exc)
+            return UNAVAILABLE
+        except (ResponseError, RedisError) as exc:  # the server refused: OOM, NOPERM, ...
+            self._counters.add(errors=1)
+            self._warn_once(exc)
+            return UNAVAILABLE
+        self._breaker.success()
+        return out
+
+    def _warn_once(self, exc: Exception) -> None:
+        kind = f"{type(exc).__name__}:{str(exc).split(' ', 1)[0]}"
+        if kind not in self._warned:
+            self._warned.add(kind)
+            _log.warning("%s: server refused a command (%s); counting it as a miss", self.name, exc)
+
+
+def _queue_write(pipe: Any, name: str, encoded: EncodedEntry | None, ttl_s: float | None) -> None:
+    """Add one entry's commands to a transaction (``encoded`` None: a delete)."""
+    pipe.unlink(name)
+    if encoded is None:
+        return
+    fields: dict[bytes, Any] = {MANIFEST_FIELD: encoded.header}
+    fields.update((str(i).encode(), c) for i, c in enumerate(encoded.chunks))
+    pipe.hset(name, mapping=fields)
+    if ttl_s is not None:
+        pipe.pexpire(name, max(1, round(ttl_s * 1000)))
+
+
+def _pipelined(client: RedisClient, command: str, names: Sequence[str]) -> list[Any]:
+    """One command per key, one round trip (Cluster: one per node); errors come back inline."""
+    pipe = client.pipeline(transaction=False)
+    for name in names:
+        getattr(pipe, command)(name)
+    return pipe.execute(raise_on_error=False)
+
+
+def _decode_fields(key: EntryKey, fields: dict[bytes, bytes], verify: bool) -> Entry:
+    """Entry from an ``HGETALL`` reply: manifest + exactly the chunks it names."""
+    header_bytes = fields.get(MANIFEST_FIELD)
+    if header_bytes is None:
+        raise MissingPieceError("manifest field is missing")
+    header = parse_header(key, header_bytes)
+    if len(fields) != header.num_chunks + 1:
+        raise MissingPieceError(
+            f"{len(fields) - 1} piece fields stored, manifest names {header.num_chunks}"
+        )
+    chunks = [fields.get(str(i).encode()) for i in range(header.num_chunks)]
+    return decode(key, header, chunks, verify=verify)
