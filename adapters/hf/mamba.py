@@ -13,7 +13,14 @@ kernels and reports tell the two apart.
 from __future__ import annotations
 
 from hybridcache.errors import SpecError
-from hybridcache.spec import AttentionGroupSpec, AttentionKind, ModelSpec, StateGroupSpec, StateKind
+from hybridcache.spec import (
+    AttentionGroupSpec,
+    AttentionKind,
+    ModelSpec,
+    StateGroupSpec,
+    StateKind,
+    StateTensorSpec,
+)
 
 from .common import (
     GATED,
@@ -211,7 +218,7 @@ def granite_moe_hybrid(
 
 def _assemble(
     cfg: ConfigView, name: str, kv_dtype: str, n_attn: int, state_name: str, n_state: int,
-    tensors: tuple, state_width: int, mlps: list[tuple[int, int]], notes: str,
+    tensors: tuple[StateTensorSpec, ...], state_width: int, mlps: list[tuple[int, int]], notes: str,
 ) -> ModelSpec:
     attention = [full_attention_group(cfg, n_attn, kv_dtype)] if n_attn else []
     state = []
