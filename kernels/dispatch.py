@@ -18,8 +18,9 @@ from typing import Literal
 import torch
 
 from .errors import BackendError
-from .layout import RowCopyJob, build_segments, check_disjoint
-from .torch_copy import copy_jobs_torch
+from .layout import RowCopyJob
+from .segments import build_segments, check_disjoint, merge_adjacent
+from .torch_copy import copy_torch
 
 Backend = Literal["auto", "torch", "triton"]
 BACKENDS = ("auto", "torch", "triton")
@@ -92,7 +93,7 @@ def run_jobs(
         tc = triton_module()
         assert tc is not None
         kwargs = {} if chunk_bytes is None else {"chunk_bytes": chunk_bytes}
-        tc.copy_segments_triton(segs, device, **kwargs)
+        tc.copy_segments_triton(merge_adjacent(segs)[0], device, **kwargs)
     else:
-        copy_jobs_torch(jobs)
+        copy_torch(jobs, segs)
     return segs.total_bytes

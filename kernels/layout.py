@@ -8,9 +8,9 @@ the address of row 0, the byte stride between rows and the row's byte length. dt
 not matter, which is how one launch moves bf16 conv state and fp32 recurrent state together
 and why copies are bit-exact (NaN payloads included).
 
-Every copy, whatever the backend, is described first as a list of :class:`RowCopyJob` and
-then as flat arrays of byte segments (:class:`Segments`). The segments feed the Triton
-kernel's address table and the overlap check, so both backends reject the same plans.
+Every copy, whatever the backend, is described as a list of :class:`RowCopyJob` (one per
+tensor); :mod:`segments` flattens jobs into byte segments for the overlap check and the
+copy itself.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import LayoutError, PlanError
+from .errors import LayoutError
 
 
 def byte_rows(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -82,101 +82,6 @@ class RowCopyJob:
     dst_idx: np.ndarray
     nbytes: np.ndarray
     label: str
-
-
-@dataclass(frozen=True)
-class Segments:
-    """Flat byte segments of a list of jobs: ``nbytes[k]`` bytes from ``src[k]`` to ``dst[k]``.
-
-    ``job`` and ``pair`` point back to the job and the pair inside it, for error messages.
-    Zero-byte copies are left out.
-    """
-
-    src: np.ndarray
-    dst: np.ndarray
-    nbytes: np.ndarray
-    job: np.ndarray
-    pair: np.ndarray
-
-    def __len__(self) -> int:
-        return int(self.src.shape[0])
-
-    @property
-    def total_bytes(self) -> int:
-        return int(self.nbytes.sum())
-
-
-def _row_addresses(rows: torch.Tensor, idx: np.ndarray) -> np.ndarray:
-    """Byte address of each listed row of a uint8 row view."""
-    return np.int64(rows.data_ptr()) + idx * np.int64(rows.stride(0))
-
-
-def build_segments(jobs: Sequence[RowCopyJob]) -> Segments:
-    """Concatenate the byte segments of every job (zero-byte copies dropped)."""
-    parts: list[tuple[np.ndarray, ...]] = []
-    for j, job in enumerate(jobs):
-        keep = np.flatnonzero(job.nbytes > 0)
-        if keep.size == 0:
-            continue
-        parts.append(
-            (
-                _row_addresses(job.src_rows, job.src_idx[keep]),
-                _row_addresses(job.dst_rows, job.dst_idx[keep]),
-                job.nbytes[keep],
-                np.full(keep.size, j, np.int64),
-                keep.astype(np.int64),
-            )
-        )
-    if not parts:
-        empty = np.zeros(0, np.int64)
-        return Segments(empty, empty, empty, empty, empty)
-    return Segments(*(np.concatenate(cols) for cols in zip(*parts)))
-
-
-def _describe(segs: Segments, jobs: Sequence[RowCopyJob], k: int, role: str) -> str:
-    job = jobs[int(segs.job[k])]
-    p = int(segs.pair[k])
-    slot = job.src_idx[p] if role == "source" else job.dst_idx[p]
-    return f"{job.label} {role} row {int(slot)} (pair {int(segs.pair[k])})"
-
-
-def check_disjoint(segs: Segments, jobs: Sequence[RowCopyJob]) -> None:
-    """Raise :class:`PlanError` if two destinations, or a destination and a source, share bytes.
-
-    This is the byte-level twin of the slot rules in :mod:`plan`: it also catches aliasing
-    between *different* tensors (two views of the same arena bytes, the same tensor passed
-    twice, a staging buffer that overlaps the arena). Runs in O(n log n) with numpy.
-    """
-    n = len(segs)
-    if n == 0:
-        return
-    d_order = np.argsort(segs.dst, kind="stable")
-    d_start = segs.dst[d_order]
-    d_end = d_start + segs.nbytes[d_order]
-    if n > 1:
-        run_end = np.maximum.accumulate(d_end)
-        bad = np.flatnonzero(d_start[1:] < run_end[:-1])
-        if bad.size:
-            b = int(d_order[bad[0] + 1])
-            a = int(d_order[np.flatnonzero(d_end[: bad[0] + 1] > d_start[bad[0] + 1])[0]])
-            raise PlanError(
-                "destinations overlap: "
-                f"{_describe(segs, jobs, a, 'destination')} and "
-                f"{_describe(segs, jobs, b, 'destination')} share bytes"
-            )
-    s_order = np.argsort(segs.src, kind="stable")
-    s_start = segs.src[s_order]
-    s_run_end = np.maximum.accumulate(s_start + segs.nbytes[s_order])
-    last = np.searchsorted(s_start, segs.dst + segs.nbytes, side="left") - 1
-    hit = (last >= 0) & (s_run_end[np.maximum(last, 0)] > segs.dst)
-    if hit.any():
-        k = int(np.flatnonzero(hit)[0])
-        lo, hi = segs.dst[k], segs.dst[k] + segs.nbytes[k]
-        m = int(np.flatnonzero((segs.src < hi) & (segs.src + segs.nbytes > lo))[0])
-        raise PlanError(
-            f"{_describe(segs, jobs, k, 'destination')} overlaps "
-            f"{_describe(segs, jobs, m, 'source')}; copies run concurrently"
-        )
 
 
 def common_device(tensors: Sequence[torch.Tensor], what: str) -> torch.device:

@@ -1,13 +1,15 @@
 """Torch backend: the CPU path and the reference the Triton kernel is tested against.
 
-Two strategies, chosen per tensor by the bytes copied per row:
+First, segments that continue each other in memory on both sides are merged into runs: in
+a slot-major arena one snapshot (every layer's rows of one slot) is one run. Then two
+strategies, chosen per run by its length:
 
-* rows shorter than :data:`BATCH_MAX_ROW_BYTES`: one ``index_select`` of all source rows
-  into a preallocated workspace, then one ``index_copy_`` into the destinations. Two calls
-  per tensor instead of one per pair; it wins ~4x at 4 KiB rows where per-call overhead
-  dominates.
-* longer rows: one ``copy_`` per pair. From ~64 KiB a row copy is long enough that the loop
-  is as fast as batching, and it skips the extra pass through the workspace.
+* a single row shorter than :data:`BATCH_MAX_ROW_BYTES`: batched with the other short rows
+  of its tensor: one ``index_select`` of all source rows into a preallocated workspace,
+  then one ``index_copy_`` into the destinations. Two calls per tensor instead of one per
+  pair; it wins ~4x at 4 KiB rows where per-call overhead dominates.
+* anything longer: one ``copy_`` per run. From ~64 KiB a copy is long enough that a loop is
+  as fast as batching, and it skips the extra pass through the workspace.
 
 Rows are reinterpreted as the widest integer type their alignment allows before batching
 (``index_select`` on int64 words is 2-3x faster than on bytes on CPU). Everything copies
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from .layout import RowCopyJob, widest_view
+from .segments import Segments, merge_adjacent, storage_address, storage_bytes
 
 BATCH_MAX_ROW_BYTES = 64 * 1024
 """Rows with fewer bytes than this are batched; see the module docstring and docs/kernels.md."""
@@ -81,29 +84,50 @@ def _same_width_views(src: torch.Tensor, dst: torch.Tensor) -> tuple[torch.Tenso
     return src.view(dtype), dst.view(dtype)
 
 
-def copy_job_torch(job: RowCopyJob, batch_max_row_bytes: int | None = None) -> None:
-    """Execute one job; pairs are grouped by byte count so partial copies batch too.
-
-    ``batch_max_row_bytes`` defaults to the module's :data:`BATCH_MAX_ROW_BYTES`, read at
-    call time so a benchmark or test can move the threshold.
-    """
-    if len(job.src_idx) == 0:
-        return
-    if batch_max_row_bytes is None:
-        batch_max_row_bytes = BATCH_MAX_ROW_BYTES
-    for nb in np.unique(job.nbytes).tolist():
-        if nb == 0:
-            continue
-        sel = np.flatnonzero(job.nbytes == nb)
+def _copy_job_batched(job: RowCopyJob, pairs: np.ndarray) -> None:
+    """Batched copy of the listed pairs of one job, grouped by byte count (partial pages)."""
+    nbytes = job.nbytes[pairs]
+    for nb in np.unique(nbytes).tolist():
+        sel = pairs[nbytes == nb]
         src, dst = _same_width_views(job.src_rows[:, :nb], job.dst_rows[:, :nb])
-        src_idx, dst_idx = job.src_idx[sel], job.dst_idx[sel]
-        if nb < batch_max_row_bytes and len(sel) > 1:
-            _copy_batched(src, src_idx, dst, dst_idx)
+        if len(sel) > 1:
+            _copy_batched(src, job.src_idx[sel], dst, job.dst_idx[sel])
         else:
-            _copy_loop(src, src_idx, dst, dst_idx)
+            _copy_loop(src, job.src_idx[sel], dst, job.dst_idx[sel])
 
 
-def copy_jobs_torch(jobs: Sequence[RowCopyJob], batch_max_row_bytes: int | None = None) -> None:
-    """Execute every job with the torch strategies above (callers validated the plan)."""
+def _copy_runs(jobs: Sequence[RowCopyJob], runs: Segments, which: np.ndarray) -> None:
+    """One ``copy_`` per listed run, through byte views of the storages the runs live in."""
+    if which.size == 0:
+        return
+    bases: dict[int, torch.Tensor] = {}
     for job in jobs:
-        copy_job_torch(job, batch_max_row_bytes)
+        for rows in (job.src_rows, job.dst_rows):
+            key = storage_address(rows)
+            if key not in bases:
+                bases[key] = storage_bytes(rows)
+    assert runs.src_store is not None and runs.dst_store is not None
+    for k in which.tolist():
+        s_base, d_base = int(runs.src_store[k]), int(runs.dst_store[k])
+        so, do, n = int(runs.src[k]) - s_base, int(runs.dst[k]) - d_base, int(runs.nbytes[k])
+        bases[d_base][do : do + n].copy_(bases[s_base][so : so + n], non_blocking=True)
+
+
+def copy_torch(
+    jobs: Sequence[RowCopyJob], segs: Segments, batch_max_row_bytes: int | None = None
+) -> None:
+    """Execute validated jobs (``segs`` = their segments) with the torch strategies.
+
+    Adjacent segments are merged into runs first (:func:`merge_adjacent`). A run that is a
+    single row shorter than ``batch_max_row_bytes`` (default :data:`BATCH_MAX_ROW_BYTES`,
+    read at call time so benchmarks and tests can move it) is batched with the other such
+    rows of its tensor; every other run is one ``copy_``.
+    """
+    if len(segs) == 0:
+        return
+    threshold = BATCH_MAX_ROW_BYTES if batch_max_row_bytes is None else batch_max_row_bytes
+    runs, counts = merge_adjacent(segs)
+    small = (counts == 1) & (runs.nbytes < threshold)
+    for j in np.unique(runs.job[small]).tolist():
+        _copy_job_batched(jobs[j], np.sort(runs.pair[small & (runs.job == j)]))
+    _copy_runs(jobs, runs, np.flatnonzero(~small))

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .layout import Segments
+from .segments import Segments
 
 DEFAULT_CHUNK_BYTES = 64 * 1024
 """Bytes per program: 32 programs per 2 MiB state row; small enough to balance, large

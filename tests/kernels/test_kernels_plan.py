@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import torch
 from hybridcache.kernels import PlanError, normalize_plan, normalize_transfer
-from hybridcache.kernels.layout import RowCopyJob, Segments, check_disjoint
+from hybridcache.kernels.layout import RowCopyJob
 from hybridcache.kernels.plan import CopyPairs, check_range, validate_same_space
+from hybridcache.kernels.segments import Segments, check_disjoint
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
