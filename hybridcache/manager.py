@@ -23,7 +23,7 @@ Every error that bad input can cause is raised before any state changes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -140,7 +140,10 @@ class HybridCacheManager:
         self.config = cfg = config or CacheConfig()
         check_eviction_name(cfg.eviction)
         hash_function(cfg.hash_algo)  # validates the name
-        self.admission = AdmissionPolicy.parse(cfg.admission, cfg.hash_unit)
+        # min_seen lives on the config; the parsed rules must carry it or it is ignored.
+        self.admission = replace(
+            AdmissionPolicy.parse(cfg.admission, cfg.hash_unit), min_seen=cfg.min_seen
+        )
         self.layout: ArenaLayout = plan_layout(spec, int(capacity_bytes), cfg.hash_unit, cfg.alignment)
         self.arena = Arena(self.layout)
         self.unit = cfg.hash_unit
