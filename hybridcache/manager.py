@@ -285,7 +285,7 @@ class HybridCacheManager:
         undo = _Undo()
         try:
             copies = self._first_slot(req, undo) if first else CopyPlan()
-            self._alloc_pages(req, end, undo)
+            new_pages = self._alloc_pages(req, end, undo)
             drafts = tuple(self._need_slot(undo) for _ in range(num_draft)) if self.has_state else ()
         except OutOfSpaceError:
             for p in undo.pages:
@@ -295,6 +295,9 @@ class HybridCacheManager:
             if first:
                 self._rollback_first(req)
             raise
+        for table, pages in zip(req.pages, new_pages):
+            table.extend(pages)
+        req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.draft_slots = list(drafts)
         req.step_start = start
@@ -356,11 +359,12 @@ class HybridCacheManager:
         undo.slots.append(s)
         return s
 
-    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> None:
-        """Private pages for the units up to token ``end``; all or nothing."""
+    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> list[list[int]]:
+        """Pages, per group, for the units up to token ``end`` that have none yet.
+
+        The caller appends them to the request only once the whole step has succeeded.
+        """
         have, need = req.units_allocated, -(-end // self.unit)
-        if need <= have:
-            return
         new: list[list[int]] = [[] for _ in self.groups]
         for _ in range(have, need):
             for g in range(len(self.groups)):
@@ -369,9 +373,7 @@ class HybridCacheManager:
                     raise OutOfSpaceError("no KV page can be freed: every page is in use")
                 undo.pages.append(p)
                 new[g].append(p)
-        for table, pages in zip(req.pages, new):
-            table.extend(pages)
-        req.units_allocated = need
+        return new
 
     def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
         wanted = admission_points(self.admission, req, start, end, self.unit)

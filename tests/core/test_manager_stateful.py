@@ -1,0 +1,245 @@
+"""Stateful property test: random request streams against a brute-force oracle.
+
+The oracle keeps, as plain sets of token prefixes, every prefix whose KV or snapshot was
+committed and not yet evicted (evictions are reported by the index's ``on_evict`` hook).
+Hit lengths are recomputed by brute force over those sets and must equal the manager's;
+after every step the structural invariants are checked.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from tests.core.conftest import tiny_spec
+
+UNIT = 4
+PIECES = [list(range(100 * k, 100 * k + n)) for k, n in enumerate([9, 13, 4, 7, 21, 3])]
+
+
+class Oracle:
+    """Committed, not evicted prefixes as ``(tenant, tuple(tokens))``."""
+
+    def __init__(self) -> None:
+        self.kv: set[tuple] = set()
+        self.snap: set[tuple] = set()
+        self.by_digest: dict[bytes, tuple] = {}
+
+    def hit(self, tenant, tokens, has_state: bool) -> tuple[int, int]:
+        max_units = (len(tokens) - 1) // UNIT
+        kv_units = 0
+        snap_units = 0
+        for u in range(1, max_units + 1):
+            key = (tenant, tuple(tokens[: u * UNIT]))
+            if key not in self.kv:
+                break
+            kv_units = u
+            if key in self.snap:
+                snap_units = u
+        return (snap_units if has_state else kv_units) * UNIT, kv_units * UNIT
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.oracle = Oracle()
+        self.live: dict[str, dict] = {}
+        self.n = 0
+        self.m: HybridCacheManager | None = None
+
+    @rule(
+        eviction=st.sampled_from(["lru", "value", "marconi"]),
+        admission=st.sampled_from(
+            ["last-token+turn-end+branch-point", "chunk-end", "interval:8+turn-end", "last-token"]
+        ),
+        blocks=st.integers(3, 12),
+        state=st.booleans(),
+        big_state=st.booleans(),
+    )
+    @precondition(lambda self: self.m is None)
+    def init(self, eviction, admission, blocks, state, big_state):
+        spec = tiny_spec(state=state, big_state=big_state)
+        cfg = CacheConfig(hash_unit=UNIT, eviction=eviction, admission=admission)
+        probe = HybridCacheManager(spec, 1 << 30, cfg)
+        self.m = HybridCacheManager(spec, blocks * probe.layout.block_bytes, cfg)
+        self.m.index.on_evict = self._on_evict
+        self.has_state = state
+
+    def _on_evict(self, kind, node, nbytes):
+        key = self.oracle.by_digest[node.digest]
+        (self.oracle.kv if kind == "kv" else self.oracle.snap).discard(key)
+
+    def _digest_keys(self, r):
+        req = self.m.requests[r["id"]]
+        for u, d in enumerate(req.hasher.digests):
+            self.oracle.by_digest[d] = (r["tenant"], tuple(r["tokens"][: (u + 1) * UNIT]))
+
+    @rule(pieces=st.lists(st.integers(0, len(PIECES) - 1), min_size=1, max_size=4),
+          tenant=st.sampled_from([None, "a", "b"]))
+    @precondition(lambda self: self.m is not None and len(self.live) < 4)
+    def add(self, pieces, tenant):
+        tokens = [t for p in pieces for t in PIECES[p]]
+        rid = f"r{self.n}"
+        self.n += 1
+        res = self.m.add_request(rid, tokens, tenant=tenant)
+        want = self.oracle.hit(tenant, tokens, self.has_state)
+        assert (res.hit_tokens, res.kv_hit_tokens) == want
+        self.live[rid] = {"id": rid, "tenant": tenant, "tokens": list(tokens), "done": 0,
+                          "alloc": None, "draft": 0}
+        self._digest_keys(self.live[rid])
+
+    def _alloc(self, r, n, draft=0):
+        before = self.m.cached_snapshot_slots()
+        try:
+            a = self.m.allocate(r["id"], n, num_draft=draft)
+        except OutOfSpaceError:
+            return None
+        cached = self.m.cached_snapshot_slots()
+        assert cached <= before  # allocation never registers anything
+        targets = set(a.state_copies.dst) | {s.slot for s in a.save_points} | set(a.draft_slots)
+        assert not targets & cached, "a copy plan targets a registered snapshot"
+        if a.state_copies:
+            assert set(a.state_copies.src) <= cached
+        r["alloc"] = a
+        r["done"] = a.start if r["alloc"] is a and r["done"] < a.start else r["done"]
+        return a
+
+    def _commit(self, r, n):
+        a = r["alloc"]
+        self.m.commit(r["id"], n)
+        req = self.m.requests[r["id"]]
+        known = min(n, len(r["tokens"]))
+        for u in range(1, known // UNIT + 1):
+            if u <= len(req.nodes):
+                self.oracle.kv.add((r["tenant"], tuple(r["tokens"][: u * UNIT])))
+        for sp in a.save_points:
+            if sp.boundary <= known and sp.slot != req.rolling_slot:
+                self.oracle.snap.add((r["tenant"], tuple(r["tokens"][: sp.boundary])))
+        r["done"] = n
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.m is not None and self.live)
+    def prefill(self, data):
+        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.m.requests[r["id"]]
+        if req.allocated and req.num_allocated >= len(r["tokens"]):
+            return
+        start = req.num_allocated if req.allocated else self.m.match(r["id"]).hit_tokens
+        remaining = len(r["tokens"]) - start
+        n = data.draw(st.integers(1, max(1, remaining)))
+        a = self._alloc(r, n)
+        if a is not None:
+            self._commit(r, a.start + n)
+
+    @rule(data=st.data(), k=st.integers(1, 3), new=st.lists(st.integers(0, 50), min_size=4, max_size=4))
+    @precondition(lambda self: self.m is not None and self.live)
+    def decode_speculative(self, data, k, new):
+        r = self.live[data.draw(st.sampled_from(sorted(self.live)))]
+        req = self.m.requests[r["id"]]
+        if not req.allocated or req.num_computed < len(r["tokens"]):
+            return
+        a = self._alloc(r, 1 + k, draft=k if self.has_state else 0)
+        if a is None:
+            return
+        accepted = data.draw(st.integers(1, 1 + k))
+        self.m.accept(r["id"], accepted)
+        rejected_points = [s for s in a.save_points if s.boundary > a.start + accepted]
+        toks = new[:accepted]
+        self.m.append_tokens(r["id"], toks)
+        r["tokens"].extend(toks)
+        self._digest_keys(r)
+        r["alloc"] = a.__class__(**{**a.__dict__, "save_points": tuple(
+            s for s in a.save_points if s not in rejected_points)})
+        self._commit(r, a.start + accepted)
+        cached = self.m.cached_snapshot_slots()
+        assert not {s.slot for s in rejected_points} & cached
+
+    @rule(data=st.data(), finished=st.booleans())
+    @precondition(lambda self: self.m is not None and self.live)
+    def free(self, data, finished):
+        rid = data.draw(st.sampled_from(sorted(self.live)))
+        r = self.live.pop(rid)
+        req = self.m.requests[rid]
+        rb, computed = req.rolling_boundary, req.num_computed
+        had_rolling = req.rolling_slot >= 0
+        self.m.free(rid, finished=finished)
+        if had_rolling and finished and 0 < rb <= min(computed, len(r["tokens"])):
+            key = (r["tenant"], tuple(r["tokens"][:rb]))
+            if key in self.oracle.kv:
+                self.oracle.snap.add(key)
+
+    @rule()
+    @precondition(lambda self: self.m is not None and not self.live)
+    def clear(self):
+        self.m.clear()
+        assert self.m.arena.pages_in_use == 0
+        assert self.m.arena.slots_in_use == 0
+        assert not self.m.index.nodes
+        self.oracle.kv.clear()
+        self.oracle.snap.clear()
+
+    @invariant()
+    def structure(self):
+        m = self.m
+        if m is None:
+            return
+        pages: list[int] = []
+        slots: list[int] = []
+        for node in m.index.nodes.values():
+            assert node.kv_ref >= 0 and node.snap_ref >= 0
+            assert node.pages is not None or node.snap >= 0, "empty node kept"
+            if node.pages:
+                pages.extend(node.pages)
+            if node.snap >= 0:
+                slots.append(node.snap)
+        for req in m.requests.values():
+            for t in req.pages:
+                pages.extend(t[len(req.nodes) : req.units_allocated])
+                pages.extend(t[i] for i in req.dup_pages)
+            slots.extend(s for s in [req.slot, req.rolling_slot] if s >= 0)
+            slots.extend(req.draft_slots)
+            slots.extend(req.saves.values())
+        assert len(pages) == len(set(pages)) == m.arena.pages_in_use, "page leaked or shared"
+        assert len(slots) == len(set(slots)) == m.arena.slots_in_use, "slot leaked or shared"
+        s = m.arena.stats()
+        assert s.used_bytes <= s.capacity_bytes
+        assert s.kv_bytes + s.state_bytes <= s.used_bytes
+        # The oracle and the manager agree on what is cached.
+        kv_nodes = {m.index.nodes[d].digest for d in m.index.nodes if m.index.nodes[d].pages is not None}
+        assert {self.oracle.by_digest[d] for d in kv_nodes} == self.oracle.kv
+        snap_nodes = {d for d, n in m.index.nodes.items() if n.snap >= 0}
+        assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
+
+    def teardown(self):
+        if self.m is None:
+            return
+        for rid in list(self.live):
+            self.m.free(rid)
+        self.m.clear()
+        assert self.m.arena.pages_in_use == 0 and self.m.arena.slots_in_use == 0
+        assert self.m.arena.stats().used_bytes == 0
+
+
+ManagerMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+)
+TestManagerStateful = ManagerMachine.TestCase
+
+
+def test_numpy_and_list_tokens_agree():
+    m = HybridCacheManager(tiny_spec(), 1 << 20, CacheConfig(hash_unit=UNIT))
+    a = m.add_request("a", list(range(40)))
+    m.allocate("a", 40)
+    m.commit("a", 40)
+    m.free("a")
+    b = m.add_request("b", np.arange(40, dtype=np.int64))
+    assert b.hit_tokens == a.hit_tokens + 36
