@@ -4,8 +4,9 @@ Why not a plain ``INCRBY``/``DECRBY`` counter: entries leave Redis by TTL expiry
 nobody decrements a counter for an expired key, so the counter would only grow until the
 tenant were locked out. The ledger therefore records each entry with its deadline:
 
-* a sorted set ``member -> deadline`` (server clock, ms; entries without TTL get
-  ``now + 10^13``, so they sort after every TTL'd entry, oldest first), and
+* a sorted set ``member -> deadline`` (server clock, ms with a microsecond fraction, so
+  successive puts keep their order; entries without TTL get ``now + 10^11`` ms, about three
+  years, so they sort after every entry with a shorter TTL, oldest first), and
 * a hash ``member -> bytes`` plus a ``#total`` field,
 
 both under one cluster hash tag (see :meth:`KeyCodec.ledger_keys`). One Lua script (atomic,
@@ -26,9 +27,9 @@ from hybridcache.tiers.keys import KeyCodec
 from hybridcache.tiers.redis_conn import RedisClient
 
 _LEDGER_LUA = """
-local NO_TTL = 1e13
+local NO_TTL = 1e11
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 local function drop(m)
   local size = tonumber(redis.call('HGET', KEYS[2], m) or '0')
   redis.call('HDEL', KEYS[2], m)

@@ -43,6 +43,11 @@ DEFAULT_OPTIONS: dict[str, Any] = {
 }
 
 
+def is_cluster_url(url: str) -> bool:
+    """Whether ``url`` names a Redis Cluster (its client connects when created)."""
+    return url.split("://", 1)[0].lower() in _CLUSTER_SCHEMES
+
+
 def connect(url: str, **kwargs: Any) -> RedisClient:
     """A redis-py client for ``url`` (see the module notes for the schemes).
 

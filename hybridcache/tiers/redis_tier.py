@@ -50,7 +50,7 @@ from hybridcache.tiers.health import Breaker
 from hybridcache.tiers.keys import EntryKey, KeyCodec
 from hybridcache.tiers.limits import TenantLimits
 from hybridcache.tiers.quota import QuotaLedger
-from hybridcache.tiers.redis_conn import RedisClient, connect, redact
+from hybridcache.tiers.redis_conn import RedisClient, connect, is_cluster_url, redact
 from hybridcache.tiers.writer import BackgroundWriter
 
 _log = logging.getLogger("hybridcache.tiers.redis")
@@ -137,6 +137,10 @@ class RedisTier(Tier):
         self.verify_reads = verify_reads
         self.name = f"redis tier {redact(url) if url else type(client).__name__}"
         self._url, self._redis_kwargs = url, redis_kwargs
+        # A plain client is created now (it does not connect yet), so a bad URL raises here;
+        # a Cluster client discovers the cluster when created: lazily, through the breaker.
+        if url is not None and not is_cluster_url(url):
+            client = connect(url, **redis_kwargs)
         self._client: RedisClient | None = client
         self._ledger: QuotaLedger | None = None
         self._client_lock = threading.Lock()

@@ -3,9 +3,9 @@
 Offloading a 40 MiB snapshot to Redis takes tens of milliseconds; the engine must not wait
 for it (the entry is a cache, not a commitment). ``submit`` only appends to a queue and
 returns; one worker thread drains the queue in batches (so a batch is one pipelined round
-trip). The queue is bounded in jobs and in bytes: when full, a new write is *dropped*
-(counted by the caller as ``dropped_writes``) rather than blocking or growing memory without
-limit. Control jobs (deletes) bypass the bound: they are tiny and must not be lost, or a
+trip). What the writer holds (queued plus being written) is bounded in jobs and in bytes:
+when full, a new write is *dropped* (counted by the caller as ``dropped_writes``) rather
+than blocking or growing memory without limit. Control jobs (deletes) bypass the bound: they are tiny and must not be lost, or a
 deleted entry could survive.
 """
 
@@ -35,9 +35,10 @@ class BackgroundWriter(Generic[J]):
         handler: called by the worker with each batch (a list of jobs, in submit order).
             It must handle its own errors; an exception escaping it is logged and the batch
             is lost, the worker goes on.
-        max_jobs: most jobs queued (bounded submits beyond it are refused).
-        max_bytes: most bytes queued (sum of ``job.nbytes``); one job larger than this is
-            still accepted when the queue is empty, so a big entry is never impossible.
+        max_jobs: most jobs held, queued or being written (bounded submits beyond it are
+            refused).
+        max_bytes: most bytes held (sum of ``job.nbytes``); one job larger than this is
+            still accepted when nothing is held, so a big entry is never impossible.
         batch_jobs / batch_bytes: most jobs / bytes handed to one ``handler`` call.
         name: thread name.
     """
@@ -58,7 +59,7 @@ class BackgroundWriter(Generic[J]):
         self._batch_jobs = batch_jobs
         self._batch_bytes = batch_bytes
         self._queue: collections.deque[J] = collections.deque()
-        self._queued_bytes = 0
+        self._held_bytes = 0
         self._unfinished = 0
         self._closed = False
         self._cond = threading.Condition()
@@ -78,15 +79,15 @@ class BackgroundWriter(Generic[J]):
                 return False
             if (
                 bounded
-                and self._queue
+                and self._unfinished
                 and (
-                    len(self._queue) >= self._max_jobs
-                    or self._queued_bytes + job.nbytes > self._max_bytes
+                    self._unfinished >= self._max_jobs
+                    or self._held_bytes + job.nbytes > self._max_bytes
                 )
             ):
                 return False
             self._queue.append(job)
-            self._queued_bytes += job.nbytes
+            self._held_bytes += job.nbytes
             self._unfinished += 1
             self._cond.notify_all()
             return True
@@ -124,7 +125,6 @@ class BackgroundWriter(Generic[J]):
                 if batch and size + job.nbytes > self._batch_bytes:
                     break
                 self._queue.popleft()
-                self._queued_bytes -= job.nbytes
                 size += job.nbytes
                 batch.append(job)
             return batch
@@ -141,4 +141,5 @@ class BackgroundWriter(Generic[J]):
             finally:
                 with self._cond:
                     self._unfinished -= len(batch)
+                    self._held_bytes -= sum(job.nbytes for job in batch)
                     self._cond.notify_all()

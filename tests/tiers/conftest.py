@@ -86,7 +86,12 @@ class RedisServer:
         raise RuntimeError("redis-server did not answer PING in time")
 
     def client(self, **kwargs) -> redis.Redis:
-        return redis.Redis(port=self.port, socket_timeout=2, **kwargs)
+        return redis.Redis(port=self.port, socket_timeout=2, **self.client_options, **kwargs)
+
+    @property
+    def client_options(self) -> dict:
+        """Extra redis-py options this server needs (TLS servers override it)."""
+        return {}
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes mid-run, like a crash."""
