@@ -195,6 +195,8 @@ class Arena:
         self._is_open = [False] * n
         self.pages_in_use = 0
         self.slots_in_use = 0
+        # One flag per entry: catches double frees inside a block that is still in use.
+        self._live = {KV: bytearray(layout.num_pages), STATE: bytearray(layout.num_slots)}
 
     # ------------------------------------------------------------------ allocation
     def alloc_page(self) -> int | None:
@@ -202,6 +204,7 @@ class Arena:
         e = self._alloc(KV, self.layout.pages_per_block)
         if e is not None:
             self.pages_in_use += 1
+            self._live[KV][e] = 1
         return e
 
     def alloc_slot(self) -> int | None:
@@ -209,6 +212,7 @@ class Arena:
         e = self._alloc(STATE, self.layout.slots_per_block)
         if e is not None:
             self.slots_in_use += 1
+            self._live[STATE][e] = 1
         return e
 
     def free_page(self, page: int) -> None:
@@ -251,8 +255,10 @@ class Arena:
 
     def _free(self, kind: int, entry: int, per_block: int) -> None:
         b = entry // per_block
-        if self._kind[b] != kind:
+        live = self._live[kind]
+        if self._kind[b] != kind or not live[entry]:
             raise ValueError(f"entry {entry} is not allocated as {'KV' if kind == KV else 'state'}")
+        live[entry] = 0
         self._used[b] -= 1
         if self._used[b] == 0:
             self._kind[b] = FREE
