@@ -227,16 +227,31 @@ class PrefixIndex:
             self._pop(self.snap_q, node)
             self.evict_snapshot(node)
             return True
-        self._pop(self.kv_q, node)
         lay = self.arena.layout
         if for_slot and node.pages and lay.pages_per_block > 1:
-            block = node.pages[0] // lay.pages_per_block
-            if self._evictable_pages[block] == self.arena.block_used(block):
+            block = self._idle_slab(node)
+            if block is not None:
                 self._evict_slab(block)
-                if node.pages is None:
-                    return True
+                return True
+        self._pop(self.kv_q, node)
         self.evict_kv(node)
         return True
+
+    def _idle_slab(self, first: Node) -> int | None:
+        """A KV slab whose pages are all evictable, looked for among the next victims.
+
+        A state slot needs a whole empty block; evicting the victims one by one would
+        scatter the damage over slabs that a running request keeps pinned anyway.
+        """
+        ppb = self.arena.layout.pages_per_block
+        used = self.arena.block_used
+        for node in [first, *self.kv_q.candidates(self.marconi_window)]:
+            pages = node.pages  # type: ignore[attr-defined]
+            if pages:
+                block = pages[0] // ppb
+                if self._evictable_pages[block] == used(block):
+                    return block
+        return None
 
     def _pop(self, q: EvictionQueue, node: Node) -> None:
         if isinstance(q, ValueQueue):

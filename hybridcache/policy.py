@@ -101,6 +101,10 @@ class EvictionQueue:
     def pop(self) -> object | None:
         raise NotImplementedError
 
+    def candidates(self, n: int) -> list[object]:
+        """Up to ``n`` entries, lowest priority first (the next victims)."""
+        raise NotImplementedError
+
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -128,6 +132,9 @@ class LRUQueue(EvictionQueue):
         if not self._od:
             return None
         return self._od.popitem(last=False)[0]
+
+    def candidates(self, n):
+        return [item for item, _ in self.oldest(n)]
 
     def oldest(self, n: int) -> list[tuple[object, int]]:
         out = []
@@ -177,6 +184,11 @@ class ValueQueue(EvictionQueue):
             if cur is not None and cur[1] == seq:
                 return
             heapq.heappop(heap)
+
+    def candidates(self, n):
+        live = self._live
+        best = heapq.nsmallest(n, (e for e in self._heap if live.get(e[2], (0, -1))[1] == e[1]))
+        return [item for _, _, item in best]
 
     def peek(self):
         self._clean()

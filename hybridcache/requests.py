@@ -85,7 +85,7 @@ def admission_points(
     if policy.interval:
         n = policy.interval
         b = (start // n + 1) * n
-        while b <= min(end, p):
+        while b <= end:
             wanted.add(b)
             b += n
     if policy.chunk_end and end <= p:

@@ -184,8 +184,12 @@ def encode(key: EntryKey, entry: Entry, *, chunk_bytes: int = 0) -> EncodedEntry
     return EncodedEntry(header, tuple(chunks), sum(p.nbytes for p in infos))
 
 
-def parse_header(key: EntryKey, data: Buffer) -> Header:
-    """Validate a header read under ``key``; raise the specific error on the first failure."""
+def parse_header(key: EntryKey | None, data: Buffer) -> Header:
+    """Validate a header read under ``key``; raise the specific error on the first failure.
+
+    ``key=None`` skips the fingerprint / tenant / prefix checks: only for housekeeping (a
+    writer finding which chunks a replaced manifest named), never to serve a read.
+    """
     data = bytes(data)
     if len(data) < _PREFIX.size + _CHECKSUM.size:
         raise TruncatedEntryError(f"header: {len(data)} bytes is too short")
@@ -206,6 +210,8 @@ def parse_header(key: EntryKey, data: Buffer) -> Header:
         raise
     except Exception as exc:  # any malformed structure is a format error, never a crash
         raise EntryFormatError(f"header: malformed body ({type(exc).__name__}: {exc})") from exc
+    if key is None:
+        return header
     if header.fingerprint != key.fingerprint:
         raise FingerprintMismatchError(
             f"header: written for model {header.fingerprint}, read for {key.fingerprint}"

@@ -19,15 +19,17 @@ tiers never trust the prefix hash alone:
   a leaked ``SCAN``) can tell which prompt a key belongs to, nor compute the key of a prompt
   it knows; and the per-tenant sub-key makes one tenant's digests useless for any other.
 
-Redis key layout (every part is validated to exclude ``:``, ``{`` and ``}``)::
+Redis key layout (namespace, tenant and fingerprint are validated to exclude ``:``, ``{``
+and ``}``; literal braces below are Redis Cluster hash tags)::
 
-    {namespace}:{tenant}:{fingerprint}:{digest hex}          one hash per entry
-    {namespace}:{tenant}:quota:{{namespace}:{tenant}}:z      quota ledger (sorted set)
-    {namespace}:{tenant}:quota:{{namespace}:{tenant}}:h      quota ledger (sizes)
+    ns:tenant:fingerprint:{digest}               manifest of one entry (names its pieces)
+    ns:tenant:fingerprint:{digest}:gen:i         piece chunk i of the entry's generation gen
+    ns:tenant:quota:{ns:tenant}:z / :h           quota ledger (sorted set / sizes)
 
-Every key of a tenant starts with ``{namespace}:{tenant}:``, so a Redis ACL user per tenant
-(``~hc:alice:*``) confines a compromised engine to its own tenant's keys. The ledger keys
-share a ``{...}`` hash tag so that its Lua script stays on one Redis Cluster slot.
+Every key of a tenant starts with ``ns:tenant:``, so a Redis ACL user per tenant
+(``~hc:alice:*``) confines a compromised engine to its own tenant's keys. An entry's
+manifest and chunks share the ``{digest}`` hash tag, so they live on one Cluster slot (one
+``MGET``, one Lua script); the ledger keys share ``{ns:tenant}`` for the same reason.
 """
 
 from __future__ import annotations
@@ -138,8 +140,8 @@ class KeyCodec:
         ).hexdigest()
 
     def entry_key(self, key: EntryKey) -> str:
-        """``{namespace}:{tenant}:{fingerprint}:{digest}``: the Redis hash holding the entry."""
-        return f"{self.namespace}:{key.tenant}:{key.fingerprint}:{self.digest(key)}"
+        """``ns:tenant:fingerprint:{digest}``: the entry's manifest key (chunks extend it)."""
+        return f"{self.namespace}:{key.tenant}:{key.fingerprint}:{{{self.digest(key)}}}"
 
     def tenant_prefix(self, tenant: str) -> str:
         """Prefix of every key of ``tenant`` (for ACL key patterns and ``SCAN MATCH``)."""

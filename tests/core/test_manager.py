@@ -1,0 +1,228 @@
+"""Behaviour of HybridCacheManager on hand-made request streams (hit counts by hand)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridcache.errors import (
+    CapacityError,
+    InvalidRequestError,
+    OutOfSpaceError,
+    UnknownNameError,
+)
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.presets import get_preset
+from tests.core.conftest import tiny_spec
+
+U = 4
+
+
+def serve(m, rid, tokens, output=(), tenant=None, finished=True):
+    """One whole request: prefill, decode ``output`` in one step, commit, free."""
+    res = m.add_request(rid, tokens, tenant=tenant)
+    n = len(tokens) - res.hit_tokens + len(output)
+    a = m.allocate(rid, n)
+    if output:
+        m.append_tokens(rid, list(output))
+    m.commit(rid, len(tokens) + len(output))
+    m.free(rid, finished=finished)
+    return res, a
+
+
+def mgr(**kw):
+    cap = kw.pop("capacity", 1 << 22)
+    return HybridCacheManager(kw.pop("spec", tiny_spec()), cap, CacheConfig(hash_unit=U, **kw))
+
+
+def test_copy_on_extend_never_targets_the_cached_snapshot():
+    m = mgr(admission="last-token")
+    serve(m, "a", list(range(22)))  # snapshot at (22-1)//4*4 = 20
+    res = m.add_request("b", list(range(22)) + [99] * 10)
+    assert res.hit_tokens == 20 and res.kv_hit_tokens == 20
+    a = m.allocate("b", 12)
+    cached = m.cached_snapshot_slots()
+    assert len(a.state_copies) == 1
+    (src,), (dst,) = a.state_copies.src, a.state_copies.dst
+    assert src in cached and dst not in cached and dst == a.running_slot
+    assert not a.init_state and a.start == 20
+    assert a.block_table["attn"][:5] == m.requests["b"].pages[0][:5]
+
+
+def test_identical_prompt_never_hits_its_last_token():
+    m = mgr(admission="last-token")
+    serve(m, "a", list(range(16)))
+    res, _ = serve(m, "b", list(range(16)))
+    assert res.hit_tokens == 12  # 16 tokens: the last is recomputed, so at most 3 units
+
+
+def test_kv_hit_without_snapshot_is_counted_and_not_used():
+    m = mgr(admission="none")
+    serve(m, "a", list(range(40)))
+    res, a = serve(m, "b", list(range(40)))
+    assert (res.hit_tokens, res.kv_hit_tokens) == (0, 36)
+    assert m.metrics.kv_hit_state_miss_tokens == 36 and a.init_state
+
+
+def test_attention_only_model_uses_every_kv_hit():
+    m = mgr(spec=tiny_spec(state=False), admission="none")
+    serve(m, "a", list(range(40)))
+    res, a = serve(m, "b", list(range(40)))
+    assert res.hit_tokens == 36 and a.running_slot == -1
+
+
+def test_state_only_model_hits_at_snapshots():
+    m = mgr(spec=tiny_spec(attention=False), admission="interval:8")
+    serve(m, "a", list(range(30)))
+    res, _ = serve(m, "b", list(range(30)) + [7])
+    assert res.hit_tokens == 24
+
+
+def test_branch_point_and_turn_end():
+    m = mgr(admission="branch-point+turn-end")
+    doc = list(range(100, 140))
+    serve(m, "a", doc + [1] * 9, output=[5] * 6)  # turn end: (49+6)//4*4 = 52
+    res, _ = serve(m, "b", doc + [1] * 9 + [5] * 6 + [3] * 3)
+    assert res.hit_tokens == 52
+    # b diverges from a at 40 (doc): a branch point is saved there
+    res, _ = serve(m, "c", doc + [2] * 8)
+    assert res.hit_tokens == 0 and res.kv_hit_tokens == 40  # first visit saves it
+    res, _ = serve(m, "d", doc + [4] * 8)
+    assert res.hit_tokens == 40
+
+
+def test_turn_end_is_dropped_when_request_is_aborted():
+    m = mgr(admission="turn-end")
+    serve(m, "a", list(range(10)), output=[1] * 10, finished=False)
+    res = m.add_request("b", list(range(10)) + [1] * 10 + [2])
+    assert res.hit_tokens == 0
+
+
+def test_speculative_rejected_snapshots_are_never_registered():
+    m = mgr(admission="interval:4")
+    m.add_request("a", list(range(8)))
+    m.allocate("a", 8)
+    m.commit("a", 8)
+    a = m.allocate("a", 4, num_draft=3)  # inputs 8..11; boundary 12 is saved by the step
+    assert [s.boundary for s in a.save_points] == [12] and len(a.draft_slots) == 3
+    running = a.running_slot
+    m.accept("a", 2)  # tokens 8, 9 accepted; the state after input 10 is in draft slot 1
+    assert m.requests["a"].slot == a.draft_slots[1] and running not in m.cached_snapshot_slots()
+    m.append_tokens("a", [50, 51])
+    m.commit("a", 10)
+    assert m.metrics.snapshots_rejected == 1
+    before = m.arena.slots_in_use
+    assert before == 3  # running + snapshots at 4 and 8
+    m.free("a")
+    res = m.add_request("b", list(range(8)) + [50, 51, 52, 53, 54])
+    assert res.hit_tokens == 8  # not 12: the rejected boundary never became a snapshot
+
+
+def test_eviction_trades_snapshots_for_pages():
+    spec = tiny_spec()
+    probe = mgr(spec=spec)
+    cap = 4 * probe.layout.block_bytes  # 4 blocks; a block is 9 pages or 1 snapshot
+    m = mgr(spec=spec, capacity=cap, admission="interval:4", eviction="lru")
+    serve(m, "a", list(range(9)))  # running slot + snapshots at 4, 8 -> 3 state blocks... 1 KV slab
+    assert m.arena.stats().state_blocks == 2 and m.arena.stats().kv_blocks == 1
+    serve(m, "b", list(range(200, 200 + 4 * 9 * 2)))  # 18 pages + running slot: needs room
+    assert m.index.evictions["state"] >= 1
+    s = m.arena.stats()
+    assert s.used_bytes <= s.capacity_bytes
+
+
+def test_slot_need_evicts_a_whole_idle_kv_slab():
+    spec = tiny_spec()
+    probe = mgr(spec=spec)
+    m = mgr(spec=spec, capacity=3 * probe.layout.block_bytes, admission="none", eviction="lru")
+    serve(m, "a", list(range(4 * 9 * 2)))  # 18 pages = 2 full slabs + the running slot
+    assert m.arena.stats().kv_blocks == 2 and m.arena.free_block_count == 1
+    m.add_request("b", [7] * 3)
+    a = m.allocate("b", 3, num_draft=1)  # running slot (free block) + draft slot: a slab must go
+    assert len(a.draft_slots) == 1
+    # one page for b's KV, then exactly one idle slab of 9 pages for the draft slot (not the
+    # 8 pages left in the slab that b's new page pins, one by one)
+    assert m.index.evictions["kv"] == 10
+    assert m.arena.stats().state_blocks == 2 and m.arena.stats().kv_blocks == 1
+
+
+def test_out_of_space_changes_nothing():
+    spec = tiny_spec()
+    probe = mgr(spec=spec)
+    m = mgr(spec=spec, capacity=2 * probe.layout.block_bytes, admission="none")
+    m.add_request("a", list(range(30)))
+    m.allocate("a", 30)  # 8 pages (1 slab) + running slot (1 block)
+    m.add_request("b", list(range(500, 530)))
+    with pytest.raises(OutOfSpaceError):
+        m.allocate("b", 30)
+    req = m.requests["b"]
+    assert not req.allocated and m.arena.pages_in_use == 8 and m.arena.slots_in_use == 1
+
+
+def test_tenant_quota_limits_cached_bytes():
+    m = mgr(admission="none", tenant_quotas={"small": 3 * 1024})
+    serve(m, "a", list(range(40)), tenant="small")
+    assert m.index.tenant_bytes["small"] <= 3 * 1024
+    assert m.metrics.quota_rejections >= 1
+    serve(m, "b", list(range(40)), tenant="big")
+    assert m.index.tenant_bytes["big"] == 10 * m.index.node_kv_bytes
+
+
+def test_tenants_do_not_share():
+    m = mgr(admission="last-token")
+    serve(m, "a", list(range(40)), tenant="x")
+    res, _ = serve(m, "b", list(range(40)), tenant="y")
+    assert res.hit_tokens == 0 and res.kv_hit_tokens == 0
+
+
+@pytest.mark.parametrize(
+    "call, msg",
+    [
+        (lambda m: m.add_request("x", [1, -1]), "negative"),
+        (lambda m: m.add_request("x", [0.5]), "integers"),
+        (lambda m: m.add_request("x", list(range(5000))), "max_model_len"),
+        (lambda m: m.add_request("x", []), "empty"),
+        (lambda m: m.free("nope"), "unknown request"),
+        (lambda m: m.allocate("nope", 1), "unknown request"),
+        (lambda m: m.commit("r", 100), "only 8 allocated"),
+        (lambda m: m.allocate("r", 4090), "max_model_len"),
+        (lambda m: m.allocate("r", 0), "must be > 0"),
+        (lambda m: m.accept("r", 9), "num_accepted"),
+    ],
+)
+def test_bad_input_is_rejected_before_any_change(call, msg):
+    m = mgr()
+    m.add_request("r", list(range(8)))
+    m.allocate("r", 8)
+    m.commit("r", 8)
+    before = (m.arena.pages_in_use, m.arena.slots_in_use, set(m.requests), len(m.index.nodes))
+    with pytest.raises(InvalidRequestError, match=msg):
+        call(m)
+    assert before == (m.arena.pages_in_use, m.arena.slots_in_use, set(m.requests), len(m.index.nodes))
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(UnknownNameError, match="kimi-linear-48b"):
+        get_preset("llama-9000")
+    with pytest.raises(UnknownNameError, match="lru, value, marconi"):
+        mgr(eviction="fifo")
+    with pytest.raises(UnknownNameError, match="last-token"):
+        mgr(admission="sometimes")
+    with pytest.raises(UnknownNameError, match="multiple of the hash unit"):
+        mgr(admission="interval:6")
+
+
+def test_snapshot_larger_than_budget_says_bytes():
+    with pytest.raises(CapacityError, match=r"needs at least 43\d{6} B"):
+        HybridCacheManager(get_preset("kimi-linear-48b"), 1 << 25)
+
+
+def test_metrics_and_prometheus():
+    m = mgr(admission="last-token")
+    serve(m, "a", list(range(22)))
+    serve(m, "b", list(range(22)))
+    met = m.sync_metrics()
+    assert (met.requests, met.prompt_tokens, met.hit_tokens, met.hit_requests) == (2, 44, 20, 1)
+    assert 0 < met.prefill_flops_saved_frac < 1 and met.snapshot_copies == 1
+    text = met.prometheus(labels={"model": "tiny"})
+    assert 'hybridcache_hit_tokens_total{model="tiny"} 20' in text
+    assert "# TYPE hybridcache_token_hit_rate gauge" in text
