@@ -53,6 +53,7 @@ class StateKind(str, Enum):
 
     KDA = "kda"
     GDN = "gdn"
+    MAMBA1 = "mamba1"
     MAMBA2 = "mamba2"
 
 

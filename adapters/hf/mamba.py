@@ -4,10 +4,7 @@ Each builder reads the fields vLLM's ``get_mamba_state_shape_from_config`` reads
 model class and places attention layers exactly as the vLLM model does.
 
 Jamba's mixers are Mamba1 (an SSM state ``(d_inner, d_state)`` rather than Mamba2's
-``(heads, head_dim, d_state)``). :class:`~hybridcache.spec.StateKind` has no MAMBA1 kind, so
-its group is named ``"mamba1"`` and given kind ``MAMBA2``, the nearest fit: the tensors (and so
-every byte count) are Mamba1's own; only the kind label is shared. A MAMBA1 kind would let
-kernels and reports tell the two apart.
+``(heads, head_dim, d_state)``): its group is named ``"mamba1"`` and has kind ``MAMBA1``.
 """
 
 from __future__ import annotations
@@ -223,7 +220,8 @@ def _assemble(
     attention = [full_attention_group(cfg, n_attn, kv_dtype)] if n_attn else []
     state = []
     if n_state:
-        state.append(StateGroupSpec(state_name, StateKind.MAMBA2, n_state, tensors))
+        kind = StateKind.MAMBA1 if state_name == "mamba1" else StateKind.MAMBA2
+        state.append(StateGroupSpec(state_name, kind, n_state, tensors))
     return make_spec(
         name, attention=attention, state=state, hidden_size=cfg.integer("hidden_size"),
         state_width=state_width, mlps=mlps, max_len=max_model_len(cfg), notes=notes,

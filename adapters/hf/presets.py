@@ -72,7 +72,7 @@ def jamba_mini() -> ModelSpec:
     """Jamba (v0.1 / 1.5-Mini layout) from ai21labs/Jamba-v0.1's ``config.json``.
 
     28 Mamba1 (d_inner 8192, d_state 16) + 4 attention layers: 16,384 B of KV per token,
-    8,716,288 B per snapshot (bf16). Mamba1 state is labelled with the MAMBA2 kind.
+    8,716,288 B per snapshot (bf16). Mamba1 state (kind MAMBA1).
     """
     return spec_from_hf_config(pc.JAMBA_V0_1, name="jamba-mini")
 

@@ -8,13 +8,13 @@ import os
 from pathlib import Path
 
 import pytest
+
 from hybridcache.adapters.hf import (
     PRESET_CONFIGS,
     SUPPORTED_ARCHITECTURES,
     preset_config,
     spec_from_hf_config,
 )
-
 from hybridcache.errors import SpecError, UnknownNameError
 from hybridcache.presets import get_preset, kimi_k3, kimi_linear_48b, preset_names
 

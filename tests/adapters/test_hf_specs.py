@@ -13,8 +13,8 @@ from dataclasses import replace
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
-from hybridcache.adapters.hf import spec_from_hf_config
 
+from hybridcache.adapters.hf import spec_from_hf_config
 from hybridcache.errors import SpecError
 from hybridcache.presets import get_preset, kimi_k3, kimi_linear_48b
 from hybridcache.spec import AttentionKind, StateKind
@@ -261,7 +261,7 @@ def test_jamba() -> None:
     per_layer = 8192 * 3 * BF16 + 8192 * 16 * BF16  # 49,152 + 262,144
     assert spec.snapshot_bytes == 28 * per_layer == 8_716_288
     (group,) = spec.state_groups
-    assert (group.name, group.kind) == ("mamba1", StateKind.MAMBA2)
+    assert (group.name, group.kind) == ("mamba1", StateKind.MAMBA1)
     assert [t.shape for t in group.tensors] == [(8192, 3), (8192, 16)]
     # 16 MoE layers run 2 experts of 14336, 16 dense layers one MLP of 14336.
     assert spec.flops.mlp_ratio == 3 * (16 * 2 + 16) * 14336 / (8 * 4096 * 32)

@@ -14,6 +14,7 @@ import os
 from types import SimpleNamespace
 
 import pytest
+
 from hybridcache.adapters.hf import preset_config, spec_from_hf_config
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
