@@ -1,0 +1,98 @@
+"""What the manager hands an engine: match results, copy plans, save points, allocations.
+
+Plain frozen dataclasses, kept apart from the algorithm so that engines, kernels and tests
+can import them without the manager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Settings of a manager; baselines of the simulator are settings too.
+
+    Args:
+        hash_unit: tokens per hash unit and per KV page.
+        hash_algo: ``xxh3_128`` (default) or ``sha256``.
+        hash_seed: stable salt of every chain (same value on every node of a deployment).
+        admission: snapshot rules, see :mod:`hybridcache.policy`.
+        eviction: ``value`` (default), ``lru`` or ``marconi``.
+        marconi_alpha / marconi_window: Marconi's utility weight and candidate window.
+        tenant_quotas: bytes of cached entries each tenant may hold (``None``: unlimited);
+            the key ``"*"`` applies to tenants not listed.
+        alignment: byte alignment of pages and slots in the arena.
+    """
+
+    hash_unit: int = 16
+    hash_algo: str = "xxh3_128"
+    hash_seed: str = ""
+    admission: str = "last-token+turn-end+branch-point"
+    eviction: str = "value"
+    marconi_alpha: float = 1.0
+    marconi_window: int = 64
+    tenant_quotas: dict[str, int] | None = None
+    alignment: int = 256
+    min_seen: int = 1
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Outcome of :meth:`HybridCacheManager.match` (tokens, multiples of the hash unit)."""
+
+    hit_tokens: int
+    kv_hit_tokens: int
+
+    @property
+    def kv_hit_state_miss_tokens(self) -> int:
+        return self.kv_hit_tokens - self.hit_tokens
+
+
+@dataclass(frozen=True)
+class CopyPlan:
+    """Copies the engine runs before computing: ``src[i] -> dst[i]`` (slot or page ids)."""
+
+    src: tuple[int, ...] = ()
+    dst: tuple[int, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def pairs(self) -> list[tuple[int, int]]:
+        return list(zip(self.src, self.dst))
+
+
+@dataclass(frozen=True)
+class SavePoint:
+    """The engine must write the state after token ``boundary`` into state slot ``slot``."""
+
+    boundary: int
+    slot: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """What :meth:`HybridCacheManager.allocate` hands the engine for one step.
+
+    Attributes:
+        start: first token to compute in this step (== hit tokens on the first step).
+        num_tokens: tokens to compute in this step.
+        block_table: per attention group, the page of every unit of the request so far.
+        running_slot: state slot the engine computes in (``-1`` for attention-only models).
+        init_state: True when the running state must start from zeros (no snapshot hit).
+        state_copies: snapshot -> running slot copies to run first (copy-on-extend).
+        save_points: states to write during this step (boundaries inside the step).
+        draft_slots: speculative decoding: slot ``i`` receives the state after input
+            ``start + i + 1``; the running slot receives the state after the last input.
+    """
+
+    start: int
+    num_tokens: int
+    block_table: dict[str, list[int]]
+    running_slot: int
+    init_state: bool
+    state_copies: CopyPlan
+    save_points: tuple[SavePoint, ...]
+    draft_slots: tuple[int, ...] = ()
+    hit_tokens: int = 0
