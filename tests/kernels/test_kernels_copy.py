@@ -15,6 +15,15 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from kernels_testlib import (
+    DTYPES,
+    TensorSpec,
+    make_arena,
+    mixed_specs,
+    poison_rows,
+    reference_copy,
+)
+
 from hybridcache.kernels import (
     BackendError,
     LayoutError,
@@ -23,14 +32,6 @@ from hybridcache.kernels import (
     copy_states,
     resolve_backend,
     torch_copy,
-)
-from kernels_testlib import (
-    DTYPES,
-    TensorSpec,
-    make_arena,
-    mixed_specs,
-    poison_rows,
-    reference_copy,
 )
 
 

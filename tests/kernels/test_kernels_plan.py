@@ -8,12 +8,13 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hybridcache.kernels import PlanError, normalize_plan, normalize_transfer
 from hybridcache.kernels.layout import RowCopyJob
 from hybridcache.kernels.plan import CopyPairs, check_range, validate_same_space
 from hybridcache.kernels.segments import Segments, check_disjoint
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=150, deadline=None, derandomize=True)
 slot = st.integers(min_value=0, max_value=12)

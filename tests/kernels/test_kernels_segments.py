@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hybridcache.kernels import copy_states
-from hybridcache.kernels.layout import RowCopyJob, byte_rows
-from hybridcache.kernels.segments import Segments, build_segments, merge_adjacent
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels_testlib import TensorSpec, make_arena
+
+from hybridcache.kernels import copy_states
+from hybridcache.kernels.layout import RowCopyJob, byte_rows
+from hybridcache.kernels.segments import Segments, build_segments, merge_adjacent
 
 
 def _byte_map(segs: Segments) -> dict[int, tuple[int, int]]:

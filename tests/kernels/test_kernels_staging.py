@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from kernels_testlib import POISON, TensorSpec, make_arena, mixed_specs, poison_rows
+from test_kernels_copy import backend  # noqa: F401  (shared backend fixture)
+
 from hybridcache.kernels import (
     STAGING_ALIGN,
     LayoutError,
@@ -15,8 +18,6 @@ from hybridcache.kernels import (
     staging_layout,
     staging_views,
 )
-from kernels_testlib import POISON, TensorSpec, make_arena, mixed_specs, poison_rows
-from test_kernels_copy import backend  # noqa: F401  (shared backend fixture)
 
 
 def _covered(layout, capacity: int) -> torch.Tensor:

@@ -7,12 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hybridcache.kernels import allocate_staging, copy_kv_pages, copy_states, gather_to_host
-from hybridcache.kernels.segments import Segments
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kernels_testlib import POISON, TensorSpec, make_arena, mixed_specs, poison_rows
 from test_kernels_copy import TRITON_SKIP
+
+from hybridcache.kernels import allocate_staging, copy_kv_pages, copy_states, gather_to_host
+from hybridcache.kernels.segments import Segments
 
 pytestmark = pytest.mark.skipif(TRITON_SKIP is not None, reason=str(TRITON_SKIP))
 
