@@ -1,0 +1,515 @@
+"""Our manager behind the interface vLLM's ``Scheduler`` uses for its ``KVCacheManager``.
+
+How our engine's decisions reach vLLM's worker without touching the worker:
+
+- **KV pages.** One hash unit is one vLLM block (``block_size`` tokens); our page ``p`` is
+  vLLM block ``p`` of every attention group (see :func:`.spec.pool_spec`). The block table
+  of an attention group is the manager's page table, unchanged.
+- **State.** In ``align`` mode vLLM's worker keeps a request's running recurrent state in
+  the block of column ``(seq_len - 1) // block_size`` of the Mamba block table and, when a
+  step moves to a new column, copies the previous column's block into the new one before
+  the forward pass (``preprocess_mamba``). A column's block therefore ends up holding the
+  state at the column's end boundary once the request leaves it. The adapter fills the
+  columns so that this machinery runs our plan:
+
+  * the column of the hit boundary holds the snapshot's blocks: the worker's own
+    copy-on-extend *is* our copy plan ``snapshot -> running slot`` (a cached snapshot is
+    read, never written);
+  * every column the request enters gets the blocks of the manager's current running slot;
+  * when a step ends exactly on a save point, the running slot and the save slot swap
+    roles in the manager's request record: the block that has just received the state at
+    the boundary becomes the snapshot, and the save slot becomes the running slot that
+    the next column (and the worker's next copy) uses. No extra copy is issued.
+
+  The scheduler (:class:`.scheduler.HybridCacheScheduler`) never lets a prefill chunk run
+  past a block boundary, so every save point lands on a step end.
+- **Commit.** vLLM caches blocks optimistically at allocation; our manager registers
+  entries only once computed. The adapter commits a request's tokens at the start of the
+  next scheduler step (or when it is freed), after the worker has run the previous step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_utils import KVCacheBlock, KVCacheBlockCopy
+from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.hashing import MultiModalItem
+from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
+
+from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
+
+logger = init_logger(__name__)
+
+NULL_SLOT = -1
+
+
+@dataclass
+class AdapterStats:
+    """Counters of the adapter itself (the engine's metrics are in ``manager.metrics``)."""
+
+    lookups: int = 0
+    lookup_hit_tokens: int = 0
+    allocations: int = 0
+    allocation_failures: int = 0
+    saves_in_place: int = 0
+    saves_dropped: int = 0
+    commits: int = 0
+
+
+@dataclass
+class _Tracked:
+    """What the worker was told about one allocated request."""
+
+    request: Request
+    cols: list[int] = field(default_factory=list)  # state slot per Mamba column (-1: null)
+    tables: list[list[int]] = field(default_factory=list)  # block ids per vLLM group
+    sent: list[int] = field(default_factory=list)  # block ids per group already returned
+
+
+class _BlockPoolView:
+    """The few ``BlockPool`` members the scheduler touches directly."""
+
+    def __init__(self, owner: HybridKVCacheManager) -> None:
+        self._owner = owner
+        self.null_block = owner.null_block
+        self.num_gpu_blocks = owner.num_blocks
+
+    def get_usage(self) -> float:
+        return self._owner.usage
+
+    def get_num_free_blocks(self) -> int:
+        return self._owner.num_free_blocks()
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Only reached for copy-on-write retentions, which this manager never creates."""
+        leftover = [b.block_id for b in blocks]
+        if leftover:
+            raise RuntimeError(f"hybridcache holds no vLLM-side block references: {leftover}")
+
+
+@dataclass(frozen=True)
+class _GroupView:
+    """Read-only stand-in for one of vLLM's per-group managers (introspection only)."""
+
+    kv_cache_group_id: int
+    kv_cache_spec: Any
+    block_size: int
+
+
+@dataclass(frozen=True)
+class _CoordinatorView:
+    """What vLLM's engine core reads from ``kv_cache_manager.coordinator`` (block sizes)."""
+
+    single_type_managers: tuple[_GroupView, ...]
+    enable_partial_hash_hits: bool = False
+    eagle_group_ids: tuple[int, ...] = ()
+
+
+class HybridKVCacheManager:
+    """vLLM ``KVCacheManager`` interface implemented with :class:`HybridCacheManager`.
+
+    Args:
+        kv_cache_config: vLLM's cache layout (one block pool; groups of one block size).
+        max_model_len: vLLM's maximum sequence length.
+        config: our policy (admission, eviction, hashing); ``hash_unit`` and ``alignment``
+            are overridden (one unit = one vLLM block).
+        hf_config: the model's HF config, for the FLOP model of value-based eviction.
+        enable_caching: vLLM's ``enable_prefix_caching``.
+        log_stats: collect :class:`PrefixCacheStats` for vLLM's metrics.
+    """
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        *,
+        max_model_len: int,
+        config: CacheConfig | None = None,
+        hf_config: Any = None,
+        enable_caching: bool = True,
+        log_stats: bool = False,
+    ) -> None:
+        self.kv_cache_config = kv_cache_config
+        self.block_size = pool_block_size(kv_cache_config)
+        self.attn_ids, self.mamba_ids = group_roles(kv_cache_config)
+        self.num_groups = len(kv_cache_config.kv_cache_groups)
+        self.num_blocks = kv_cache_config.num_blocks
+        flops = flop_model_from_hf(hf_config, 0, 0) if hf_config is not None else None
+        n_layers = [len(kv_cache_config.kv_cache_groups[i].layer_names) for i in self.attn_ids]
+        n_state = [len(kv_cache_config.kv_cache_groups[i].layer_names) for i in self.mamba_ids]
+        if flops is not None:
+            flops = dataclasses.replace(
+                flops, num_attention_layers=sum(n_layers), num_recurrent_layers=sum(n_state)
+            )
+        else:
+            from hybridcache.spec import FlopModel
+
+            flops = FlopModel(1024, sum(n_layers), sum(n_state))
+        self.spec = pool_spec(kv_cache_config, flops=flops, max_model_len=max_model_len)
+        cfg = dataclasses.replace(config or CacheConfig(), hash_unit=self.block_size, alignment=1)
+        self.manager = HybridCacheManager(self.spec, self.num_blocks * self.block_size, cfg)
+        self.slot_blocks = len(self.mamba_ids)  # vLLM blocks per state slot
+        # vLLM reserves block 0 as the null block (padding in block tables); keep our
+        # page 0 allocated forever so that the arena never hands it out.
+        if self.manager.arena.alloc_page() != 0:
+            raise RuntimeError("hybridcache arena did not start at page 0")
+        self.blocks = [KVCacheBlock(i) for i in range(self.num_blocks)]
+        self.null_block = self.blocks[0]
+        self.null_block.is_null = True
+        self.block_pool = _BlockPoolView(self)
+        self.enable_caching = enable_caching
+        self.log_stats = log_stats
+        self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in range(self.num_groups)))
+        self.stats_counters = AdapterStats()
+        self._tracked: dict[str, _Tracked] = {}
+        self._new_block_ids: list[int] = []
+        # Attributes the scheduler reads from vLLM's manager at construction time.
+        self.mamba_shared_prefix_checkpoint = False
+        self.coordinator = _CoordinatorView(
+            tuple(
+                _GroupView(i, g.kv_cache_spec, g.kv_cache_spec.block_size)
+                for i, g in enumerate(kv_cache_config.kv_cache_groups)
+            )
+        )
+
+    # ------------------------------------------------------------------ mapping
+    def _state_blocks(self, slot: int, j: int) -> int:
+        return 0 if slot == NULL_SLOT else slot * self.slot_blocks + j
+
+    def _blocks(self, ids: Sequence[int]) -> list[KVCacheBlock]:
+        return [self.blocks[i] for i in ids]
+
+    def _kv_blocks(self, tables: Sequence[Sequence[int]]) -> KVCacheBlocks:
+        if not any(tables):
+            return self.empty_kv_cache_blocks
+        return KVCacheBlocks(tuple(self._blocks(t) for t in tables))
+
+    # ------------------------------------------------------------------ requests
+    def _add(self, request: Request) -> None:
+        """Register ``request`` with the manager (hashing its tokens) if it is not yet."""
+        rid = request.request_id
+        mreq = self.manager.requests.get(rid)
+        tokens = list(request.all_token_ids)
+        if mreq is not None:
+            if mreq.allocated or mreq.num_tokens == len(tokens):
+                return
+            self.manager.free(rid, finished=False)
+        tenant = request.cache_salt
+        if not self.enable_caching or request.skip_reading_prefix_cache:
+            tenant = f"\x00private:{rid}"  # its own chain: it can neither hit nor be hit
+        lora = request.lora_request.lora_name if request.lora_request else None
+        mm = tuple(
+            MultiModalItem(f.identifier, f.mm_position.offset, f.mm_position.length)
+            for f in (request.mm_features or ())
+        )
+        self.manager.add_request(rid, tokens, tenant=tenant, lora=lora, mm_items=mm)
+
+    def _sync(self, tr: _Tracked) -> None:
+        """Append tokens the manager has not seen and commit what the worker computed."""
+        request = tr.request
+        rid = request.request_id
+        mreq = self.manager.requests[rid]
+        if request.num_tokens > mreq.num_tokens:
+            self.manager.append_tokens(rid, list(request.all_token_ids[mreq.num_tokens :]))
+        n = min(request.num_computed_tokens, mreq.num_allocated)
+        if n > mreq.num_computed:
+            self.manager.commit(rid, n)
+            self.stats_counters.commits += 1
+
+    # ------------------------------------------------------------------ lookups
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
+        """Longest usable hit (KV in every attention group and a snapshot), as vLLM blocks.
+
+        The shared-prefix boundary (third value) is 0: the scheduler already stops every
+        prefill chunk at block boundaries, so no junction needs pinning.
+        """
+        self._add(request)
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        hit = self.manager.match(request.request_id).hit_tokens
+        self.stats_counters.lookups += 1
+        self.stats_counters.lookup_hit_tokens += hit
+        if hit == 0:
+            return self.empty_kv_cache_blocks, 0, 0
+        return self._hit_blocks(request.request_id, hit), hit, 0
+
+    def _hit_blocks(self, rid: str, hit: int) -> KVCacheBlocks:
+        mreq = self.manager.requests[rid]
+        nodes = [self.manager.index.nodes[d] for d in mreq.hasher.digests[: hit // self.block_size]]
+        tables: list[list[int]] = [[] for _ in range(self.num_groups)]
+        for k, gid in enumerate(self.attn_ids):
+            tables[gid] = [n.pages[k] for n in nodes]  # type: ignore[index]
+        snap = nodes[-1].snap
+        for j, gid in enumerate(self.mamba_ids):
+            tables[gid] = [0] * (len(nodes) - 1) + [self._state_blocks(snap, j)]
+        return self._kv_blocks(tables)
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        if not self.log_stats:
+            return None
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """Pages and state columns for ``num_new_tokens`` more tokens, or ``None`` if full.
+
+        ``full_sequence_must_fit``, ``reserved_blocks`` and the watermark are admission
+        heuristics of vLLM's pool; the arena admits by the chunk being scheduled (its
+        entries are evictable), which can only cause more preemptions, never wrong output.
+        """
+        if num_lookahead_tokens or num_external_computed_tokens or delay_cache_blocks:
+            raise NotImplementedError(
+                "hybridcache's scheduler supports neither speculative lookahead slots nor "
+                "external (connector) KV loads"
+            )
+        if num_encoder_tokens:
+            raise NotImplementedError("hybridcache does not manage cross-attention caches")
+        rid = request.request_id
+        tr = self._tracked.get(rid)
+        if tr is None:
+            if request.num_computed_tokens:
+                raise RuntimeError(f"request {rid}: computed tokens without an allocation")
+            self._add(request)
+        else:
+            self._sync(tr)
+        if num_new_tokens == 0:
+            return self.empty_kv_cache_blocks
+        try:
+            alloc = self.manager.allocate(rid, num_new_tokens)
+        except OutOfSpaceError:
+            self.stats_counters.allocation_failures += 1
+            return None
+        self.stats_counters.allocations += 1
+        if tr is None:
+            if alloc.hit_tokens != num_new_computed_tokens:
+                self.manager.free(rid, finished=False)
+                raise RuntimeError(
+                    f"request {rid}: scheduler adopted {num_new_computed_tokens} cached tokens "
+                    f"but the manager matched {alloc.hit_tokens}"
+                )
+            tr = self._first_tables(request, alloc)
+            self._tracked[rid] = tr
+        self._extend_tables(tr, alloc)
+        new = [t[s:] for t, s in zip(tr.tables, tr.sent)]
+        tr.sent = [len(t) for t in tr.tables]
+        return self._kv_blocks(new)
+
+    def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
+        b = self.block_size
+        hit_units = alloc.start // b
+        tr = _Tracked(request, tables=[[] for _ in range(self.num_groups)], sent=[0] * self.num_groups)
+        if hit_units and self.mamba_ids:
+            (snap,) = alloc.state_copies.src
+            tr.cols = [NULL_SLOT] * (hit_units - 1) + [snap]
+        for k, gid in enumerate(self.attn_ids):
+            tr.tables[gid] = list(alloc.block_table[self.manager.groups[k]][:hit_units])
+        return tr
+
+    def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
+        """Append new pages and state columns; run save points in place (module docstring)."""
+        for k, gid in enumerate(self.attn_ids):
+            table = alloc.block_table[self.manager.groups[k]]
+            old = tr.tables[gid]
+            if table[: len(old)] != old:
+                raise RuntimeError("hybridcache changed pages the worker already holds")
+            self._new_block_ids.extend(table[len(old) :])
+            tr.tables[gid] = list(table)
+        if not self.mamba_ids:
+            return
+        mreq = self.manager.requests[tr.request.request_id]
+        end = alloc.start + alloc.num_tokens
+        last_col = (end - 1) // self.block_size
+        while len(tr.cols) <= last_col:
+            tr.cols.append(mreq.slot)
+        for sp in alloc.save_points:
+            self._run_save(mreq, sp, end)
+        for j, gid in enumerate(self.mamba_ids):
+            tr.tables[gid] = [self._state_blocks(s, j) for s in tr.cols]
+
+    def _run_save(self, mreq: Any, sp: SavePoint, end: int) -> None:
+        """Make the block that holds the state at ``sp.boundary`` the snapshot.
+
+        The current column's block is the running slot and holds the state at ``end``
+        after this step; if ``end`` is the save boundary, swapping the two slot ids in the
+        request record registers that block at commit and keeps computing in the other.
+        A save point inside the step (never produced by our scheduler) cannot be honoured:
+        it is dropped so that no snapshot of the wrong state is ever registered.
+        """
+        rolling = sp.slot == mreq.rolling_slot and sp.boundary == mreq.rolling_boundary
+        if sp.boundary == end and end % self.block_size == 0:
+            if rolling:
+                mreq.rolling_slot = mreq.slot
+            else:
+                mreq.saves[sp.boundary] = mreq.slot
+            mreq.slot = sp.slot
+            self.stats_counters.saves_in_place += 1
+            return
+        self.stats_counters.saves_dropped += 1
+        if rolling:
+            mreq.rolling_boundary = -1
+        else:
+            self.manager.arena.free_slot(mreq.saves.pop(sp.boundary))
+
+    # ------------------------------------------------------------------ steps
+    def new_step_starts(self) -> None:
+        """Commit what the previous step computed, so this step's lookups can hit it."""
+        for tr in self._tracked.values():
+            self._sync(tr)
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        tr = self._tracked.get(request.request_id)
+        if tr is not None:
+            self._sync(tr)
+
+    def take_new_block_ids(self) -> list[int]:
+        """New private KV pages, for the worker's zeroing of fresh attention blocks."""
+        ids, self._new_block_ids = self._new_block_ids, []
+        return ids
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        tr = self._tracked.get(request_id)
+        if tr is not None:
+            first = start_token // self.block_size
+            for gid in self.attn_ids:
+                self._new_block_ids.extend(tr.tables[gid][first:])
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """No extra copies: snapshot restores ride on the worker's own column copy."""
+        return [], []
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        return {}
+
+    def take_events(self) -> list[Any]:
+        """KV cache events are not emitted by this manager (documented limit)."""
+        return []
+
+    # ------------------------------------------------------------------ free
+    def free(self, request: Request) -> None:
+        """Commit what was computed, then release; a finished request keeps its turn-end snapshot."""
+        rid = request.request_id
+        tr = self._tracked.pop(rid, None)
+        if rid not in self.manager.requests:
+            return
+        if tr is not None:
+            self._sync(tr)
+        self.manager.free(rid, finished=request.is_finished())
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Deferred frees are refused at scheduler construction; free now."""
+        self.free(request)
+        return []
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Nothing to drop early: pages stay with the request until it is freed."""
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        return []
+
+    def reset_prefix_cache(self) -> bool:
+        """Evict every cached entry; refused (False) while requests hold allocations."""
+        if self._tracked:
+            return False
+        self.manager.clear()
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        raise NotImplementedError("hybridcache cannot evict single vLLM blocks (connector path)")
+
+    # ------------------------------------------------------------------ queries
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        tr = self._tracked.get(request_id)
+        return self.empty_kv_cache_blocks if tr is None else self._kv_blocks(tr.tables)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        ids = self.get_block_ids(request_id)
+        n = -(-num_computed_tokens // self.block_size)
+        return tuple(t[:n] if g in self.attn_ids else t for g, t in enumerate(ids))
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_groups
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        mreq = self.manager.requests.get(request.request_id)
+        if mreq is None:
+            return 0
+        return min(len(mreq.nodes) * self.block_size, request.num_prompt_tokens)
+
+    def num_free_blocks(self) -> int:
+        arena = self.manager.arena
+        used = arena.pages_in_use + arena.slots_in_use * max(self.slot_blocks, 1)
+        return max(self.num_blocks - used, 0)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of vLLM blocks holding a page or a slot (cached entries included)."""
+        return 1.0 - self.num_free_blocks() / self.num_blocks
+
+    def stats(self) -> dict[str, object]:
+        """The engine's metrics plus the adapter's counters, JSON-friendly."""
+        out = dict(self.manager.stats())
+        out.update(dataclasses.asdict(self.stats_counters))
+        out["block_size"] = self.block_size
+        out["num_blocks"] = self.num_blocks
+        return out
+
+    def held_blocks(self) -> int:
+        """vLLM blocks held by live requests' tables (distinct ids; for leak checks)."""
+        ids: set[int] = set()
+        for tr in self._tracked.values():
+            for t in tr.tables:
+                ids.update(t)
+        ids.discard(0)
+        return len(ids)
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._tracked)

@@ -1,0 +1,151 @@
+"""``HybridCacheScheduler``: vLLM's scheduler with hybridcache as its KV cache manager.
+
+Use it without forking vLLM::
+
+    vllm serve MODEL --enable-prefix-caching --mamba-cache-mode align \\
+        --no-async-scheduling \\
+        --scheduler-cls hybridcache.adapters.vllm.HybridCacheScheduler \\
+        --additional-config '{"hybridcache": {"eviction": "value"}}'
+
+Everything vLLM's ``Scheduler`` does is kept (batching, chunked prefill, preemption,
+outputs, metrics); only ``self.kv_cache_manager`` is replaced by
+:class:`~.manager.HybridKVCacheManager` and the ``align``-mode chunk split is changed: a
+prefill chunk never runs past a block boundary, so every block boundary's state is left in
+a block the manager can keep as a snapshot (vLLM's own split keeps only some of them).
+
+Configurations the adapter does not support are refused here, at engine start, with the
+reason (speculative decoding, asynchronous scheduling / pipeline parallelism, KV
+connectors, encoder-decoder models, models whose groups use different block sizes).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request
+
+from hybridcache.manager import CacheConfig
+
+from .manager import HybridKVCacheManager
+
+logger = init_logger(__name__)
+
+#: Keys of ``--additional-config '{"hybridcache": {...}}'`` passed to :class:`CacheConfig`.
+CONFIG_KEYS = (
+    "admission",
+    "eviction",
+    "hash_algo",
+    "hash_seed",
+    "marconi_alpha",
+    "marconi_window",
+    "min_seen",
+    "tenant_quotas",
+)
+
+
+def cache_config_from(additional_config: Any) -> CacheConfig:
+    """Our policy settings from vLLM's ``additional_config["hybridcache"]`` (may be absent).
+
+    Raises:
+        ValueError: an unknown key (listing the known ones).
+    """
+    section = {}
+    if isinstance(additional_config, dict):
+        section = dict(additional_config.get("hybridcache") or {})
+    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"hybridcache: unknown additional_config keys {unknown}; known: {', '.join(CONFIG_KEYS)}"
+        )
+    return CacheConfig(**section)
+
+
+class HybridCacheScheduler(Scheduler):
+    """vLLM ``Scheduler`` whose KV cache manager is hybridcache's (see module docstring)."""
+
+    kv_cache_manager: HybridKVCacheManager  # type: ignore[assignment]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._check_supported()
+        config = cache_config_from(self.vllm_config.additional_config)
+        self.kv_cache_manager = HybridKVCacheManager(
+            self.kv_cache_config,
+            max_model_len=self.max_model_len,
+            config=config,
+            hf_config=getattr(self.vllm_config.model_config, "hf_config", None),
+            enable_caching=bool(self.cache_config.enable_prefix_caching),
+            log_stats=self.log_stats,
+        )
+        if self.kv_cache_manager.block_size != self.block_size:
+            raise ValueError(
+                f"hybridcache: scheduler block size {self.block_size} differs from the cache "
+                f"groups' {self.kv_cache_manager.block_size}"
+            )
+        # Our split runs for every hybrid model (see _mamba_block_aligned_split).
+        self.need_mamba_block_aligned_split = self.has_mamba_layers
+        logger.info(
+            "hybridcache: manager over %d vLLM blocks of %d tokens (admission=%s, eviction=%s)",
+            self.kv_cache_manager.num_blocks,
+            self.block_size,
+            config.admission,
+            config.eviction,
+        )
+
+    def _check_supported(self) -> None:
+        """Refuse configurations whose block handling the adapter does not implement."""
+        reasons = []
+        if self.has_mamba_layers and self.cache_config.mamba_cache_mode != "align":
+            reasons.append(
+                f"mamba_cache_mode={self.cache_config.mamba_cache_mode!r}: the worker keeps "
+                "per-block states only in 'align' mode (pass --mamba-cache-mode align and "
+                "--enable-prefix-caching)"
+            )
+        if self.vllm_config.speculative_config is not None:
+            reasons.append("speculative decoding (draft state slots are not mapped yet)")
+        if self.vllm_config.max_concurrent_batches > 1:
+            reasons.append(
+                "asynchronous scheduling or pipeline parallelism (entries are committed one "
+                "step after they are scheduled; pass --no-async-scheduling)"
+            )
+        if self.connector is not None:
+            reasons.append("KV connectors (external KV loads are not mapped yet)")
+        if self.is_encoder_decoder:
+            reasons.append("encoder-decoder models")
+        if self.hash_block_size != self.block_size:
+            reasons.append(
+                f"--prefix-match-unit / hash block {self.hash_block_size} != block "
+                f"{self.block_size} (one hash unit must be one vLLM block)"
+            )
+        if reasons:
+            raise ValueError("HybridCacheScheduler does not support: " + "; ".join(reasons))
+
+    def _mamba_block_aligned_split(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_local_computed_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+    ) -> int:
+        """End every prefill chunk at the next block boundary at the latest.
+
+        The worker writes a recurrent state only at a step's end, into the block of the
+        step's last column. Stopping at each boundary leaves every boundary's state in a
+        block, so any admission point (end of prompt, branch point, interval) can be kept
+        without an extra copy, and the worker's in-chunk checkpoint export (used by some
+        Mamba2/KDA backends) never fires, so it cannot write into a block we cached.
+        Decode steps are not split.
+        """
+        start = request.num_computed_tokens + num_new_local_computed_tokens
+        start += num_external_computed_tokens
+        prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
+        if start >= prefill_end:
+            return num_new_tokens
+        boundary = (start // self.block_size + 1) * self.block_size
+        return max(min(num_new_tokens, boundary - start), 0)
+
+    def hybridcache_stats(self) -> dict[str, object]:
+        """Our engine's metrics and the adapter's counters (JSON-friendly)."""
+        return self.kv_cache_manager.stats()
