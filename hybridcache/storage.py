@@ -101,11 +101,15 @@ class ArenaStorage:
         self.buffer = torch.zeros(layout.capacity_bytes, dtype=torch.uint8, device=self.device)
         self.unit = self._unit()
         lay = layout
-        self.uniform_slots = lay.slots_per_block <= 1 or lay.block_bytes == lay.slots_per_block * lay.slot_bytes
+        self.uniform_slots = (
+            lay.slots_per_block <= 1 or lay.block_bytes == lay.slots_per_block * lay.slot_bytes
+        )
         self.slot_stride = lay.slot_bytes if lay.slots_per_block > 1 else lay.block_bytes
         self.page_stride = lay.page_bytes
         if lay.pages_per_block and lay.block_bytes != lay.pages_per_block * lay.page_bytes:
-            raise ValueError("arena layout has non-uniform page strides; KV views need uniform pages")
+            raise ValueError(
+                "arena layout has non-uniform page strides; KV views need uniform pages"
+            )
         self._placements: dict[tuple[str, int, str], TensorPlacement] = {
             (p.group, p.layer, p.name): p for p in lay.placements
         }
@@ -164,7 +168,10 @@ class ArenaStorage:
             )
             if self.uniform_slots:
                 self._state[key] = torch.as_strided(
-                    typed, (lay.num_slots, *p.shape), (self.slot_stride // elem, *inner), p.offset // elem
+                    typed,
+                    (lay.num_slots, *p.shape),
+                    (self.slot_stride // elem, *inner),
+                    p.offset // elem,
                 )
 
     # ------------------------------------------------------------------ views

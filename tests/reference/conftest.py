@@ -16,13 +16,27 @@ from hybridcache.adapters.reference.check import CheckOptions
 
 #: 3 KDA : 1 attention, width 32: a check of ~10 requests takes about a second.
 TINY = ReferenceConfig(
-    vocab_size=128, hidden_size=32, layer_pattern="KKKA", kda_heads=2, kda_head_dim=8,
-    attn_heads=2, attn_kv_heads=1, attn_head_dim=8, mlp_hidden=64, max_model_len=4096,
+    vocab_size=128,
+    hidden_size=32,
+    layer_pattern="KKKA",
+    kda_heads=2,
+    kda_head_dim=8,
+    attn_heads=2,
+    attn_kv_heads=1,
+    attn_head_dim=8,
+    mlp_hidden=64,
+    max_model_len=4096,
 )
 #: Short prompts: a system prompt fills 1-4 pages of 16 tokens, a document 5-10.
 SMALL = WorkloadShape(
-    system_prompts=2, system_len=(20, 60), documents=2, document_len=(80, 160),
-    user_len=(4, 20), max_new=(2, 10), chat_turns=(1, 3), doc_turns=(1, 2),
+    system_prompts=2,
+    system_len=(20, 60),
+    documents=2,
+    document_len=(80, 160),
+    user_len=(4, 20),
+    max_new=(2, 10),
+    chat_turns=(1, 3),
+    doc_turns=(1, 2),
 )
 #: 24 blocks of 4 KiB (one block = one snapshot or 4 pages): four live requests contend.
 TINY_CAPACITY = 96 * 1024

@@ -21,15 +21,29 @@ def _spec(state_shape=(2, 8, 8), attn_layers=2, kv_heads=2, head_dim=8, mla=Fals
     attn = ()
     if attn_layers:
         kind = "mla" if mla else "full"
-        attn = (AttentionGroupSpec("attn", kind, num_layers=attn_layers,
-                                   num_kv_heads=1 if mla else kv_heads, head_dim=head_dim,
-                                   dtype="float32"),)
+        attn = (
+            AttentionGroupSpec(
+                "attn",
+                kind,
+                num_layers=attn_layers,
+                num_kv_heads=1 if mla else kv_heads,
+                head_dim=head_dim,
+                dtype="float32",
+            ),
+        )
     st = ()
     if state_shape:
-        st = (StateGroupSpec("kda", "kda", num_layers=3, tensors=(
-            StateTensorSpec("conv", (12, 3), "bfloat16"),
-            StateTensorSpec("recurrent", state_shape, "float32"),
-        )),)
+        st = (
+            StateGroupSpec(
+                "kda",
+                "kda",
+                num_layers=3,
+                tensors=(
+                    StateTensorSpec("conv", (12, 3), "bfloat16"),
+                    StateTensorSpec("recurrent", state_shape, "float32"),
+                ),
+            ),
+        )
     return ModelSpec("t", attn, st, FlopModel(32, max(attn_layers, 1), 3))
 
 
