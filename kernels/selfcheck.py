@@ -174,6 +174,16 @@ def time_device_copies(device: str, backends: list[str], snaps: int, repeats: in
     for backend in backends:
         s = timed(lambda b=backend: copy_states(plan, views, backend=b), device, repeats)
         rows.append({"kernel": "copy_states", "backend": backend, "gbps": _gbps(n, s)})
+        # one copy-on-extend: a single snapshot, where launch and table overheads show
+        s = timed(lambda b=backend: copy_states(plan[:1], views, backend=b), device, repeats)
+        rows.append(
+            {
+                "kernel": "copy_states_1snap",
+                "backend": backend,
+                "gbps": _gbps(slot, s),
+                "us": round(s * 1e6, 1),
+            }
+        )
     pages = 64 * snaps
     kv_specs = [(torch.bfloat16, (16, 576))] * 7  # MLA: 16-token pages, 7 layers
     kv = [torch.zeros(2 * pages, *shape, dtype=dtype, device=device) for dtype, shape in kv_specs]

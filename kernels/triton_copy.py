@@ -3,10 +3,12 @@
 Design (why):
 
 * The host builds an int64 table with one row ``(src_addr, dst_addr, nbytes)`` per *chunk*.
-  Segments (one row of one tensor for one pair) longer than ``chunk_bytes`` are split, so a
-  2 MiB recurrent state spreads over many programs and the GPU stays busy even for a single
-  snapshot, while a 72 KiB conv row is one or two programs. One launch covers all tensors of
-  all layers whatever their dtype: the kernel only sees bytes.
+  Segments (one row of one tensor for one pair, or a merged run of adjacent rows) longer
+  than ``chunk_bytes`` are split, so a snapshot spreads over many programs and the GPU
+  stays busy even for a single copy-on-extend. The chunk size adapts to the plan (see
+  :func:`default_chunk_bytes`): 64 KiB for large plans, down to 8 KiB for one snapshot.
+  One launch covers all tensors of all layers whatever their dtype: the kernel only sees
+  bytes.
 * Addresses are raw integers cast to pointers inside the kernel, so tensors need not share a
   base buffer and host staging memory (pinned, hence device-addressable through unified
   virtual addressing) works the same way as device memory.
@@ -34,9 +36,14 @@ import triton.language as tl
 
 from .segments import Segments
 
-DEFAULT_CHUNK_BYTES = 64 * 1024
-"""Bytes per program: 32 programs per 2 MiB state row; small enough to balance, large
-enough that the per-program table load is noise."""
+MAX_CHUNK_BYTES = 64 * 1024
+"""Largest bytes per program: 32 programs per 2 MiB state row; large enough that the
+per-program table load is noise."""
+MIN_CHUNK_BYTES = 8 * 1024
+"""Smallest automatic chunk: one loop iteration of the word path."""
+TARGET_PROGRAMS = 2048
+"""Aim for at least this many programs (an H200 holds ~1,000 resident programs of 8 warps),
+so a single 41 MiB snapshot still fills the GPU instead of running as one thin wave."""
 WORD_BLOCK = 2048
 """int32 words per loop iteration (8 KiB): 8 words = two 16-byte accesses per thread at 8 warps."""
 BYTE_BLOCK = 1024
@@ -92,7 +99,14 @@ def copy_chunks_kernel(table, WORD_BLOCK: tl.constexpr, BYTE_BLOCK: tl.constexpr
         _copy_bytes(src, dst, head + body, nbytes, BYTE_BLOCK)
 
 
-def chunk_table(segs: Segments, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> np.ndarray:
+def default_chunk_bytes(total_bytes: int) -> int:
+    """A power of two in [MIN_CHUNK_BYTES, MAX_CHUNK_BYTES] giving ~TARGET_PROGRAMS chunks."""
+    want = max(total_bytes // TARGET_PROGRAMS, 1)
+    chunk = 1 << (want.bit_length() - 1)
+    return int(min(max(chunk, MIN_CHUNK_BYTES), MAX_CHUNK_BYTES))
+
+
+def chunk_table(segs: Segments, chunk_bytes: int) -> np.ndarray:
     """Split segments into chunks of at most ``chunk_bytes``; returns an (n, 3) int64 table."""
     if chunk_bytes <= 0 or chunk_bytes % 16:
         raise ValueError(f"chunk_bytes must be a positive multiple of 16, got {chunk_bytes}")
@@ -149,7 +163,7 @@ def copy_segments_triton(
     segs: Segments,
     device: torch.device,
     *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    chunk_bytes: int | None = None,
     word_block: int = WORD_BLOCK,
     byte_block: int = BYTE_BLOCK,
 ) -> int:
@@ -159,6 +173,8 @@ def copy_segments_triton(
         from .errors import BackendError
 
         raise BackendError(f"triton backend cannot run: {reason}")
+    if chunk_bytes is None:
+        chunk_bytes = default_chunk_bytes(segs.total_bytes)
     table = chunk_table(segs, chunk_bytes)
     launch(table, device, word_block=word_block, byte_block=byte_block)
     return int(table.shape[0])

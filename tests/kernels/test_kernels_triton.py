@@ -82,6 +82,15 @@ def test_chunk_table_covers_every_segment_once(segs, chunk):
     assert covered == sorted(want)
 
 
+def test_default_chunk_size_adapts_to_the_plan(tc):
+    one_snapshot = 20 * (2 * 2**20 + 73728)
+    assert tc.default_chunk_bytes(64 * one_snapshot) == tc.MAX_CHUNK_BYTES
+    small = tc.default_chunk_bytes(one_snapshot)
+    assert tc.MIN_CHUNK_BYTES <= small < tc.MAX_CHUNK_BYTES and small & (small - 1) == 0
+    assert one_snapshot // small >= tc.TARGET_PROGRAMS
+    assert tc.default_chunk_bytes(100) == tc.MIN_CHUNK_BYTES
+
+
 def test_chunk_size_must_be_multiple_of_16(tc):
     z = np.zeros(1, np.int64)
     with pytest.raises(ValueError, match="multiple of 16"):
