@@ -15,6 +15,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kernels_testlib import (
     DTYPES,
     TensorSpec,
@@ -261,3 +263,36 @@ def test_copy_kv_partial_errors():
         copy_kv_pages([(0, 1)], [torch.zeros(6)], num_tokens=1)
     with pytest.raises(PlanError, match="integers"):
         copy_kv_pages([(0, 1)], kv, num_tokens=[1.5])
+
+
+def test_mixed_devices_and_non_tensors_rejected():
+    with pytest.raises(LayoutError, match="several devices"):
+        copy_states([(0, 1)], [torch.zeros(4, 2), torch.zeros(4, 2, device="meta")])
+    with pytest.raises(LayoutError, match="expected a torch.Tensor"):
+        copy_states([(0, 1)], [np.zeros((4, 2))])
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(
+    st.lists(st.tuples(st.integers(0, 9), st.integers(0, 9)), max_size=6),
+    st.sampled_from(["torch", "triton"] if TRITON_SKIP is None else ["torch"]),
+    st.integers(0, 3),
+)
+def test_random_plans_match_reference_or_are_rejected(pairs, backend_name, base_words):
+    """Any plan either copies exactly like the reference or raises PlanError untouched."""
+    arena = make_arena(mixed_specs(), 10, base=4 * base_words, pad=4)
+    buf = arena.random_buffer(len(pairs))
+    before = buf.clone()
+    dsts = [d for _, d in pairs]
+    valid = len(set(dsts)) == len(dsts) and all(
+        d not in {s for s, _ in pairs} for s, d in pairs if s != d
+    )
+    if not valid:
+        with pytest.raises(PlanError):
+            copy_states(pairs, arena.views(buf), backend=backend_name)
+        assert torch.equal(buf, before)
+        return
+    expected = buf.clone()
+    reference_copy(arena.views(expected), pairs)
+    copy_states(pairs, arena.views(buf), backend=backend_name, chunk_bytes=256)
+    assert torch.equal(buf, expected)
