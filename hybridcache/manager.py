@@ -386,9 +386,9 @@ class HybridCacheManager:
                 return
             else:
                 pages = tuple(t[i] for t in req.pages)
-                node = index.register_kv(
-                    digests[i], i, req.tenant, pages, f(i * self.unit, (i + 1) * self.unit)
-                )
+                # Depth-independent value: a prefix's head must never rank below its tail,
+                # or value eviction drops heads first and strands unreachable tails.
+                node = index.register_kv(digests[i], i, req.tenant, pages, f(0, self.unit))
                 self.metrics.kv_pages_registered += len(pages)
             req.nodes.append(node)
 
@@ -405,6 +405,11 @@ class HybridCacheManager:
             return
         prev = req.last_snapshot_boundary(boundary)
         flops = self.spec.flops.prefill_flops(prev, boundary)
+        # A snapshot saves nothing without the KV pages below it: never worth more per byte
+        # than a KV page, so eviction does not keep snapshots whose prefix it drops.
+        kv = self.index.node_kv_bytes
+        if kv:
+            flops = min(flops, self.spec.flops.prefill_flops(0, self.unit) * self.index.snap_bytes / kv)
         self.index.register_snapshot(node, slot, flops, self.tick)
         self.metrics.snapshots_saved += 1
 
