@@ -1,0 +1,153 @@
+"""Seeded synthetic token-level workloads: chat, agent, shared documents, and a mix.
+
+Each kind reproduces one reuse pattern that decides how a hybrid cache performs:
+
+- ``chat``: multi-turn sessions; every turn's prompt is the whole history (a tenant's system
+  prompt, earlier turns and their outputs) plus a short new message. Reuse is a growing
+  prefix: the state at the previous turn's end is what the next turn needs.
+- ``agent``: long tool-laden system prompts shared by every session of a tenant, then many
+  short steps that append tool results. Reuse at the shared system prompt (a branch point)
+  and along each session.
+- ``docs``: long shared documents (Zipf popularity) each asked several different questions
+  in single-turn requests. Reuse ends inside the prompt, at the document's end: only a
+  state saved there (or close before it) makes the KV usable.
+- ``mixed``: the three together, interleaved in time.
+
+Tenants have their own system prompts and documents; the same text in two tenants is never
+shared by the cache (tenant salts), which the per-tenant hit rates show. Everything derives
+from one ``numpy`` generator seeded with ``seed``: the same arguments give the same trace.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridcache.sim.traces import TraceRequest
+
+KINDS = ("chat", "agent", "docs", "mixed")
+VOCAB = 32_000
+
+
+@dataclass
+class _Session:
+    """A generator of one session's requests, consumed in timestamp order."""
+
+    tenant: str
+    session_id: str
+    prefix: np.ndarray  # the shared part every turn starts with
+    turns: int
+    msg: tuple[int, int]  # user message / tool result length range
+    out: tuple[int, int]  # output length range
+    think: float  # mean seconds between turns
+    start: float
+
+
+class _Gen:
+    def __init__(self, seed: int, tenants: int) -> None:
+        self.rng = np.random.default_rng(seed)
+        self.tenants = [f"tenant{i}" for i in range(max(1, tenants))]
+        self.n_sessions = 0
+
+    def tokens(self, lo: int, hi: int | None = None) -> np.ndarray:
+        n = lo if hi is None else int(self.rng.integers(lo, hi + 1))
+        return self.rng.integers(1, VOCAB, size=n, dtype=np.uint32)
+
+    def tenant(self) -> str:
+        return self.tenants[int(self.rng.integers(len(self.tenants)))]
+
+    def sid(self, kind: str) -> str:
+        self.n_sessions += 1
+        return f"{kind}-{self.n_sessions}"
+
+
+def _chat_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
+    system = {t: g.tokens(600, 1800) for t in g.tenants}
+    t = 0.0
+    while True:
+        t += float(g.rng.exponential(1.0 / rate))
+        tenant = g.tenant()
+        turns = int(g.rng.integers(2, 9))
+        yield _Session(tenant, g.sid("chat"), system[tenant], turns, (40, 400), (80, 500), 20.0, t)
+
+
+def _agent_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
+    tools = {t: g.tokens(3000, 7000) for t in g.tenants}
+    t = 0.0
+    while True:
+        t += float(g.rng.exponential(1.0 / rate))
+        tenant = g.tenant()
+        task = np.concatenate([tools[tenant], g.tokens(100, 600)])
+        turns = int(g.rng.integers(4, 16))
+        yield _Session(tenant, g.sid("agent"), task, turns, (150, 1500), (30, 200), 4.0, t)
+
+
+def _docs_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
+    n_docs = 12
+    docs = {t: [g.tokens(6000, 24000) for _ in range(n_docs)] for t in g.tenants}
+    pop = 1.0 / np.arange(1, n_docs + 1) ** 1.1
+    pop /= pop.sum()
+    t = 0.0
+    while True:
+        t += float(g.rng.exponential(1.0 / rate))
+        tenant = g.tenant()
+        doc = docs[tenant][int(g.rng.choice(n_docs, p=pop))]
+        yield _Session(tenant, g.sid("docs"), doc, 1, (20, 200), (50, 300), 0.0, t)
+
+
+def _session_requests(g: _Gen, s: _Session) -> Iterator[TraceRequest]:
+    history = s.prefix
+    t = s.start
+    for _ in range(s.turns):
+        prompt = np.concatenate([history, g.tokens(*s.msg)])
+        out = g.tokens(*s.out)
+        yield TraceRequest(
+            timestamp=t, input_length=len(prompt), output_length=len(out), tenant=s.tenant,
+            session_id=s.session_id, input_ids=prompt, output_ids=out,
+        )
+        history = np.concatenate([prompt, out])
+        t += float(g.rng.exponential(s.think)) + 1.0
+
+
+def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[TraceRequest]:
+    """``requests`` requests of workload ``kind``, in timestamp order (see module docstring).
+
+    Raises:
+        ValueError: unknown kind or a non-positive count.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
+    if requests <= 0:
+        raise ValueError(f"requests must be positive, got {requests}")
+    g = _Gen(seed, tenants)
+    sources = {
+        "chat": [_chat_sessions(g, 0.5)],
+        "agent": [_agent_sessions(g, 0.3)],
+        "docs": [_docs_sessions(g, 1.0)],
+        "mixed": [_chat_sessions(g, 0.3), _agent_sessions(g, 0.1), _docs_sessions(g, 0.3)],
+    }[kind]
+    # Merge sessions (each a timestamp-ordered stream) by the time of their next request.
+    heap: list[tuple[float, int, Iterator[TraceRequest], TraceRequest]] = []
+    seq = 0
+    pending = [next(src) for src in sources]
+    out: list[TraceRequest] = []
+    while len(out) < requests:
+        # Open every session that starts before the earliest pending request.
+        i = min(range(len(pending)), key=lambda k: pending[k].start)
+        if not heap or pending[i].start <= heap[0][0]:
+            stream = _session_requests(g, pending[i])
+            first = next(stream)
+            heapq.heappush(heap, (first.timestamp, seq, stream, first))
+            seq += 1
+            pending[i] = next(sources[i])
+            continue
+        _, _, stream, req = heapq.heappop(heap)
+        out.append(req)
+        nxt = next(stream, None)
+        if nxt is not None:
+            heapq.heappush(heap, (nxt.timestamp, seq, stream, nxt))
+            seq += 1
+    return out

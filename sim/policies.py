@@ -1,0 +1,161 @@
+"""Policies of the simulator: each one is a setting of :class:`HybridCacheManager`.
+
+Baselines are emulated with the same manager so that every difference in the results comes
+from *where* states are saved, *what* is evicted and *how finely* prefixes are hashed, not
+from two code bases. ``vllm-native`` is the exception: it drives vLLM's own manager
+(:mod:`hybridcache.sim.vllm_native`).
+
+=============  ==========================================================================
+policy         manager settings
+=============  ==========================================================================
+hybridcache    unit = trace resolution (16 tokens for token traces); snapshots at the
+               prompt's last token, the turn end, branch points and every
+               ``3 x tokens-per-snapshot`` tokens; value eviction (GreedyDual: hits x
+               FLOPs saved per byte, aged) over KV and states together.
+vllm-align     unit = vLLM's inflated attention block (:func:`vllm_align_block`); states
+               at the last block boundary before the prompt end and at the shared-prefix
+               junction, saved only for a boundary seen before (``min_seen=2``); LRU.
+sglang         states at the prompt's last token and the turn end; LRU (SGLang keeps
+               separate KV/state LRU lists, emulated by the manager's two queues).
+sglang-extra   sglang + branch points + a 256-token track interval (rounded up to the unit).
+marconi        states at the last token and branch points; Marconi utility eviction,
+               alpha tuned by replaying the first part of the trace.
+kv-only        the model without state groups (states free): the upper bound.
+=============  ==========================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from hybridcache.errors import UnknownNameError
+from hybridcache.manager import CacheConfig
+from hybridcache.spec import AttentionKind, ModelSpec
+
+POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native")
+#: Marconi's alpha grid; the tuning replay picks the best on a window of the trace.
+MARCONI_ALPHAS = (0.0, 0.5, 1.0, 2.0, 4.0)
+#: vLLM's default block size and the kernel alignment its MLA backends ask for.
+VLLM_DEFAULT_BLOCK = 16
+VLLM_MLA_ALIGNMENT = 128
+#: hybridcache checkpoints a long prompt every this many snapshot-equivalents of KV, so
+#: the checkpoints' bytes stay under a third of the KV they cover.
+CHECKPOINT_FACTOR = 3
+SGLANG_TRACK_INTERVAL = 256
+
+
+@dataclass(frozen=True)
+class PolicySetup:
+    """What one policy replays with: the spec, the manager settings, and how to tune."""
+
+    name: str
+    spec: ModelSpec
+    config: CacheConfig
+    tune_marconi: bool = False
+    native: bool = False
+
+    def describe(self) -> dict[str, object]:
+        c = self.config
+        return {
+            "hash_unit": c.hash_unit,
+            "admission": c.admission,
+            "eviction": c.eviction,
+            "min_seen": c.min_seen,
+            "states": self.spec.has_state,
+        }
+
+
+def parse_policies(text: str) -> list[str]:
+    """``"all"`` or a comma-separated list of known names (order kept, duplicates dropped)."""
+    names = list(POLICIES) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
+    for n in names:
+        if n not in POLICIES:
+            raise UnknownNameError(f"unknown policy {n!r}; known: {', '.join(POLICIES)}, all")
+    if not names:
+        raise UnknownNameError(f"no policy given; known: {', '.join(POLICIES)}, all")
+    return list(dict.fromkeys(names))
+
+
+def round_up(n: int, unit: int) -> int:
+    return max(unit, -(-n // unit) * unit)
+
+
+def vllm_align_block(spec: ModelSpec) -> int:
+    """Attention block size vLLM picks in ``align`` mode for a hybrid model.
+
+    Follows ``Platform._align_hybrid_block_size`` (vLLM 0.32): one attention *layer*'s page
+    for the block must hold one state *layer*'s page, so ``block = a * ceil(state_page /
+    (a * kv_page_per_token))`` where both pages are per layer and ``a`` is the kernel
+    alignment (16, raised to 128 for MLA models); the state page is the largest state
+    group's per-layer bytes. Attention-only models keep 16.
+    """
+    if not spec.has_state or not spec.attention_groups:
+        return VLLM_DEFAULT_BLOCK
+    kv_per_token = max(g.bytes_per_token_per_layer for g in spec.attention_groups)
+    state_page = max(g.bytes_per_layer for g in spec.state_groups)
+    mla = any(g.kind is AttentionKind.MLA for g in spec.attention_groups)
+    align = VLLM_MLA_ALIGNMENT if mla else VLLM_DEFAULT_BLOCK
+    return align * math.ceil(state_page / (align * kv_per_token))
+
+
+def checkpoint_interval(spec: ModelSpec, unit: int) -> int:
+    """hybridcache's checkpoint interval: ``CHECKPOINT_FACTOR`` snapshots' worth of KV tokens.
+
+    A checkpoint lets the second request sharing a prefix (before any branch point is
+    known) resume close to where it diverges; spacing them by a multiple of the snapshot's
+    KV-equivalent bounds their memory at ``1/CHECKPOINT_FACTOR`` of the KV they cover.
+    """
+    if not spec.has_state or not spec.kv_bytes_per_token:
+        return round_up(4096, unit)
+    tokens = spec.snapshot_bytes / spec.kv_bytes_per_token
+    return round_up(int(math.ceil(CHECKPOINT_FACTOR * tokens)), unit)
+
+
+def stateless(spec: ModelSpec) -> ModelSpec:
+    """The same model with free states: no state groups, same KV and FLOP model."""
+    if not spec.attention_groups:
+        raise UnknownNameError(f"kv-only needs attention layers; {spec.name!r} has none")
+    return dataclasses.replace(spec, name=f"{spec.name}/kv-only", state_groups=())
+
+
+def build_policy(name: str, spec: ModelSpec, unit: int, outputs_known: bool = True) -> PolicySetup:
+    """Settings of policy ``name`` for ``spec`` at the replay's default hash unit ``unit``.
+
+    ``outputs_known=False`` (block-level traces: no output token ids) drops the ``turn-end``
+    rule from every policy: a state after output tokens that no later prompt can be matched
+    against would only hold a slot while the request runs.
+    """
+    setup = _build(name, spec, unit)
+    if outputs_known or "turn-end" not in setup.config.admission:
+        return setup
+    rules = [r for r in setup.config.admission.split("+") if r != "turn-end"]
+    cfg = dataclasses.replace(setup.config, admission="+".join(rules) or "none")
+    return dataclasses.replace(setup, config=cfg)
+
+
+def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
+    if name == "hybridcache":
+        n = checkpoint_interval(spec, unit)
+        adm = f"last-token+turn-end+branch-point+interval:{n}"
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission=adm, eviction="value"))
+    if name == "vllm-align":
+        block = vllm_align_block(spec)
+        cfg = CacheConfig(hash_unit=block, admission="last-token+branch-point", eviction="lru", min_seen=2)
+        return PolicySetup(name, spec, cfg)
+    if name == "sglang":
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="last-token+turn-end", eviction="lru"))
+    if name == "sglang-extra":
+        n = round_up(SGLANG_TRACK_INTERVAL, unit)
+        adm = f"last-token+turn-end+branch-point+interval:{n}"
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission=adm, eviction="lru"))
+    if name == "marconi":
+        cfg = CacheConfig(hash_unit=unit, admission="last-token+branch-point", eviction="marconi")
+        return PolicySetup(name, spec, cfg, tune_marconi=True)
+    if name == "kv-only":
+        return PolicySetup(name, stateless(spec), CacheConfig(hash_unit=unit, admission="none", eviction="lru"))
+    if name == "vllm-native":
+        block = vllm_align_block(spec)
+        return PolicySetup(name, spec, CacheConfig(hash_unit=block, eviction="lru"), native=True)
+    raise UnknownNameError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

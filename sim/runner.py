@@ -1,0 +1,130 @@
+"""Capacity sweeps: every policy at every capacity over one trace, with a progress bar.
+
+The sweep builds each policy's settings once (:mod:`hybridcache.sim.policies`), tunes
+Marconi's alpha on a window of the trace at each capacity, replays, and assembles the JSON
+document of the issue (``trace``, ``model``, ``requests``, ``prompt_tokens``, ``results``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+
+from tqdm import tqdm
+
+from hybridcache.errors import CapacityError
+from hybridcache.presets import get_preset
+from hybridcache.sim.policies import MARCONI_ALPHAS, PolicySetup, build_policy
+from hybridcache.sim.replay import BlockDigests, RunResult, replay
+from hybridcache.sim.sizes import format_bytes
+from hybridcache.sim.traces import Trace
+
+#: Marconi tunes alpha by replaying this fraction of the trace (at least MIN requests).
+TUNE_FRACTION = 0.15
+TUNE_MIN_REQUESTS = 200
+
+
+def default_unit(trace: Trace) -> int:
+    """The trace's own resolution: its block for Mooncake (finer hashing finds no more
+    sharing in a block-level trace), 16 tokens for token traces."""
+    return trace.block_tokens or 16
+
+
+def tune_marconi(
+    trace: Trace, setup: PolicySetup, capacity: int, digests: BlockDigests | None
+) -> float:
+    """Marconi's alpha: the best token hit rate over a replay of the first part of the trace."""
+    n = min(len(trace.requests), max(TUNE_MIN_REQUESTS, int(len(trace.requests) * TUNE_FRACTION)))
+    best_alpha, best = MARCONI_ALPHAS[0], -1.0
+    for alpha in MARCONI_ALPHAS:
+        cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
+        r = replay(trace, setup.spec, capacity, cfg, setup.name, limit=n, digests=digests)
+        if r.token_hit_rate > best + 1e-12:
+            best_alpha, best = alpha, r.token_hit_rate
+    return best_alpha
+
+
+def run_one(
+    trace: Trace,
+    setup: PolicySetup,
+    capacity: int,
+    digests: BlockDigests | None = None,
+    bar: tqdm | None = None,
+) -> RunResult:
+    """One policy at one capacity (tuning Marconi first when the policy asks for it)."""
+    if setup.native:
+        from hybridcache.sim.vllm_native import replay_native
+
+        res = replay_native(trace, setup.spec, capacity, setup.config.hash_unit,
+                            progress=bar.update if bar else None)
+        res.settings = {"hash_unit": setup.config.hash_unit, "engine": "vllm KVCacheManager"}
+        return res
+    cfg = setup.config
+    settings = setup.describe()
+    if setup.tune_marconi:
+        alpha = tune_marconi(trace, setup, capacity, digests)
+        cfg = dataclasses.replace(cfg, marconi_alpha=alpha)
+        settings["marconi_alpha"] = alpha
+    res = replay(trace, setup.spec, capacity, cfg, setup.name, digests=digests,
+                 progress=bar.update if bar else None)
+    res.settings = settings
+    return res
+
+
+def sweep(
+    trace: Trace,
+    model: str,
+    policies: Sequence[str],
+    capacities: Sequence[int],
+    hash_unit: int | None = None,
+    progress: bool = True,
+) -> dict[str, object]:
+    """Replay every policy at every capacity; returns the JSON document of the issue.
+
+    A capacity too small for one snapshot of the model raises :class:`CapacityError` naming
+    it, before any replay starts.
+    """
+    spec = get_preset(model)
+    unit = hash_unit or default_unit(trace)
+    outputs_known = trace.block_tokens == 0
+    setups = [build_policy(p, spec, unit, outputs_known) for p in policies]
+    for s in setups:
+        _check_native(s, trace)
+        for cap in capacities:
+            _check_capacity(s, cap)
+    digests = BlockDigests(trace) if trace.block_tokens else None
+    total = len(setups) * len(capacities) * len(trace.requests)
+    results: list[dict[str, object]] = []
+    with tqdm(total=total, desc="replay", unit="req", file=sys.stderr, disable=not progress,
+              dynamic_ncols=True, leave=False) as bar:
+        for s in setups:
+            for cap in capacities:
+                bar.set_postfix_str(f"{s.name} @ {format_bytes(cap)}")
+                results.append(run_one(trace, s, cap, digests, bar).as_json())
+    return {
+        "trace": trace.path,
+        "model": model,
+        "requests": len(trace.requests),
+        "prompt_tokens": trace.prompt_tokens,
+        "skipped_lines": trace.skipped,
+        "hash_unit": unit,
+        "results": results,
+    }
+
+
+def _check_capacity(setup: PolicySetup, capacity: int) -> None:
+    from hybridcache.arena import plan_layout
+
+    try:
+        plan_layout(setup.spec, capacity, setup.config.hash_unit, setup.config.alignment)
+    except CapacityError as e:
+        raise CapacityError(f"policy {setup.name}: {e}") from None
+
+
+def _check_native(setup: PolicySetup, trace: Trace) -> None:
+    if not setup.native:
+        return
+    from hybridcache.sim.vllm_native import check_available
+
+    check_available(trace)
