@@ -10,7 +10,6 @@ import time whether the kernel is compiled or interpreted (``TRITON_INTERPRET``)
 from __future__ import annotations
 
 import functools
-import importlib.util
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Literal
@@ -28,11 +27,11 @@ BACKENDS = ("auto", "torch", "triton")
 
 @functools.cache
 def triton_module() -> ModuleType | None:
-    """The Triton backend module, or None when triton is not installed."""
-    if importlib.util.find_spec("triton") is None:
+    """The Triton backend module, or None when triton is not installed or not importable."""
+    try:
+        from . import triton_copy
+    except ImportError:
         return None
-    from . import triton_copy
-
     return triton_copy
 
 
@@ -61,7 +60,7 @@ def resolve_backend(
             ok = False
         return "triton" if ok else "torch"
     if tc is None:
-        raise BackendError("backend 'triton' requested but triton is not installed")
+        raise BackendError("backend 'triton' requested but triton is not importable")
     reason = tc.unavailable_reason(device)
     if reason is not None:
         raise BackendError(f"backend 'triton' cannot run: {reason}")
