@@ -67,23 +67,33 @@ def kimi_arena(num_slots: int, device: str) -> tuple[torch.Tensor, list[torch.Te
     return arena, tensors
 
 
-def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of ``repeats`` runs after one warm-up (CUDA events on GPU)."""
+def run_once(fn: Callable[[], object], device: str) -> float:
+    """Seconds for one call (CUDA events on GPU)."""
+    if device == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3
+    t0 = time.perf_counter()
     fn()
-    samples = []
+    return time.perf_counter() - t0
+
+
+def time_methods(methods: dict[str, Callable[[], object]], device: str, repeats: int) -> dict:
+    """Median seconds per method; one warm-up each, then round-robin repeats.
+
+    Interleaving keeps the ratios fair when the machine's load changes during the run
+    (shared CI or development machines).
+    """
+    for fn in methods.values():
+        fn()
+    samples: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(repeats):
-        if device == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            samples.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
+        for name, fn in methods.items():
+            samples[name].append(run_once(fn, device))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def bench_snapshots(n: int, device: str, repeats: int) -> dict:
@@ -119,12 +129,13 @@ def bench_snapshots(n: int, device: str, repeats: int) -> dict:
             src = arena[s * SLOT_BYTES : (s + 1) * SLOT_BYTES]
             assert torch.equal(arena[d * SLOT_BYTES : (d + 1) * SLOT_BYTES], src), name
 
-    result: dict = {"snapshots": n, "device": device, "bytes": nbytes, "gbps": {}}
-    for name, fn in methods.items():
+    for name, fn in methods.items():  # correctness first, outside the timing
         arena[nbytes:].zero_()
-        seconds = timed(fn, device, repeats)
+        fn()
         check(name)
-        result["gbps"][name] = nbytes / seconds / 1e9
+    seconds = time_methods(methods, device, repeats)
+    result: dict = {"snapshots": n, "device": device, "bytes": nbytes, "repeats": repeats}
+    result["gbps"] = {name: nbytes / s / 1e9 for name, s in seconds.items()}
     g = result["gbps"]
     result["batched_vs_large"] = g["batched"] / g["large"]
     result["shuffled_vs_large"] = g["batched_shuffled"] / g["large"]
@@ -132,10 +143,19 @@ def bench_snapshots(n: int, device: str, repeats: int) -> dict:
     return result
 
 
-def row_sweep(device: str, repeats: int) -> list[dict]:
-    """GB/s of the torch path batched vs looped for 64 rows of each size (threshold evidence)."""
+def copy_with_threshold(plan: list[tuple[int, int]], t: torch.Tensor, threshold: int) -> None:
+    """copy_states on the torch path with the batching threshold moved for this call."""
     from hybridcache.kernels import torch_copy
 
+    torch_copy.BATCH_MAX_ROW_BYTES = threshold
+    try:
+        copy_states(plan, [t], backend="torch")
+    finally:
+        torch_copy.BATCH_MAX_ROW_BYTES = BATCH_MAX_ROW_BYTES
+
+
+def row_sweep(device: str, repeats: int) -> list[dict]:
+    """GB/s of the torch path batched vs looped for 64 rows of each size (threshold evidence)."""
     rows = []
     for row_bytes in (512, 4096, 16384, 32768, 65536, 262144, 2 << 20):
         # rows separated by a 64-byte gap, as in an arena, so they cannot merge into runs
@@ -143,12 +163,11 @@ def row_sweep(device: str, repeats: int) -> list[dict]:
         t = base[:, :row_bytes]
         plan = [(i, 64 + i) for i in range(64)]
         entry = {"row_bytes": row_bytes}
-        for name, threshold in (("batched", 1 << 40), ("loop", 0)):
-            torch_copy.BATCH_MAX_ROW_BYTES = threshold
-            try:
-                s = timed(lambda p=plan, x=t: copy_states(p, [x], backend="torch"), device, repeats)
-            finally:
-                torch_copy.BATCH_MAX_ROW_BYTES = BATCH_MAX_ROW_BYTES
+        methods = {
+            name: lambda p=plan, x=t, th=threshold: copy_with_threshold(p, x, th)
+            for name, threshold in (("batched", 1 << 40), ("loop", 0))
+        }
+        for name, s in time_methods(methods, device, repeats).items():
             entry[name] = 64 * row_bytes / s / 1e9
         rows.append(entry)
     return rows
