@@ -84,10 +84,11 @@ def normalize_plan(plan: PlanLike) -> CopyPairs:
     if isinstance(plan, CopyPairs):
         return plan
     if hasattr(plan, "src") and hasattr(plan, "dst"):
-        src = _as_index_array(plan.src, "plan.src").reshape(-1) if _is_flat(plan.src) else None
-        dst = _as_index_array(plan.dst, "plan.dst").reshape(-1) if _is_flat(plan.dst) else None
-        if src is None or dst is None:
+        src = _as_index_array(plan.src, "plan.src")
+        dst = _as_index_array(plan.dst, "plan.dst")
+        if (src.ndim != 1 and src.size) or (dst.ndim != 1 and dst.size):
             raise PlanError("plan.src and plan.dst must be one-dimensional")
+        src, dst = src.reshape(-1), dst.reshape(-1)
         if src.shape != dst.shape:
             raise PlanError(f"plan.src has {src.shape[0]} entries but plan.dst has {dst.shape[0]}")
         return CopyPairs(src, dst)
@@ -97,12 +98,6 @@ def normalize_plan(plan: PlanLike) -> CopyPairs:
     if arr.ndim != 2 or arr.shape[1] != 2:
         raise PlanError(f"plan must be (src, dst) pairs, an (n, 2) array; got shape {arr.shape}")
     return CopyPairs(np.ascontiguousarray(arr[:, 0]), np.ascontiguousarray(arr[:, 1]))
-
-
-def _is_flat(value: Any) -> bool:
-    """True when ``value`` is one-dimensional (or empty), so ``reshape(-1)`` loses nothing."""
-    shape = np.shape(value.detach().cpu() if isinstance(value, torch.Tensor) else value)
-    return len(shape) == 1 or (len(shape) > 1 and int(np.prod(shape)) == 0)
 
 
 def normalize_transfer(plan: PlanLike | SlotsLike, *, to_host: bool) -> CopyPairs:

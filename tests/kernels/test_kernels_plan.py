@@ -123,6 +123,8 @@ def test_byte_overlap_check_matches_brute_force(segments):
         ([(1, 2), (3,)], "rectangular"),
         (SimpleNamespace(src=[1, 2], dst=[3]), "2 entries"),
         (SimpleNamespace(src=[[1]], dst=[[2]]), "one-dimensional"),
+        (SimpleNamespace(src=[[1], [2, 3]], dst=[1, 2]), "rectangular"),
+        (SimpleNamespace(src=3, dst=4), "one-dimensional"),
         (np.array([[2**64 - 1, 0]], dtype=np.uint64), "int64"),
     ],
 )
