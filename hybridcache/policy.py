@@ -186,9 +186,19 @@ class ValueQueue(EvictionQueue):
             heapq.heappop(heap)
 
     def candidates(self, n):
-        live = self._live
-        best = heapq.nsmallest(n, (e for e in self._heap if live.get(e[2], (0, -1))[1] == e[1]))
-        return [item for _, _, item in best]
+        # Best-first walk down the heap tree: the n smallest live entries in order, visiting
+        # O(n + stale) entries instead of scanning the whole (lazily deleted) heap.
+        heap, live = self._heap, self._live
+        out: list[object] = []
+        frontier = [(heap[0], 0)] if heap else []
+        while frontier and len(out) < n:
+            (prio, seq, item), i = heapq.heappop(frontier)
+            if live.get(item, (0, -1))[1] == seq:
+                out.append(item)
+            for c in (2 * i + 1, 2 * i + 2):
+                if c < len(heap):
+                    heapq.heappush(frontier, (heap[c], c))
+        return out
 
     def peek(self):
         self._clean()
