@@ -80,6 +80,7 @@ class PrefixIndex:
         self.eviction = eviction
         self.page_owner: dict[int, Node] = {}
         self._evictable_pages = [0] * arena.layout.num_blocks
+        self._ppb = max(arena.layout.pages_per_block, 1)
         self.marconi_alpha = marconi_alpha
         self.marconi_window = marconi_window
         self.on_evict = on_evict
@@ -117,6 +118,33 @@ class PrefixIndex:
             if node.pages:
                 self._count_evictable(node.pages, +1)
             self.kv_q.add(node, tick, node.kv_flops, self.node_kv_bytes, node.kv_hits)
+
+    def hold_path(self, nodes: list[Node]) -> None:
+        """:meth:`hold_kv` for every node of a matched path (the hot loop, inlined)."""
+        ev, ppb, discard = self._evictable_pages, self._ppb, self.kv_q.discard
+        for node in nodes:
+            if node.kv_ref == 0:
+                pages = node.pages
+                if pages:
+                    discard(node)
+                    for p in pages:
+                        ev[p // ppb] -= 1
+            node.kv_ref += 1
+
+    def release_path(self, nodes: list[Node], tick: int) -> None:
+        """:meth:`release_kv` for every node, deepest first: under LRU the tail of a
+        prefix is then evicted before its head."""
+        ev, ppb, add, nbytes = self._evictable_pages, self._ppb, self.kv_q.add, self.node_kv_bytes
+        for node in reversed(nodes):
+            node.kv_ref -= 1
+            if node.kv_ref == 0:
+                pages = node.pages
+                if pages is not None:
+                    for p in pages:
+                        ev[p // ppb] += 1
+                    add(node, tick, node.kv_flops, nbytes, node.kv_hits)
+            elif node.kv_ref < 0:
+                raise AssertionError(f"negative kv_ref on {node}")
 
     def pin_snapshot(self, node: Node) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""

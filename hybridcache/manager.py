@@ -67,6 +67,7 @@ class HybridCacheManager:
             self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
         )
         self.metrics = CacheMetrics()
+        self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -234,8 +235,7 @@ class HybridCacheManager:
         hit_units = snap_units if self.has_state else kv_units
         nodes = self.index.nodes
         held = [nodes[d] for d in req.hasher.digests[:hit_units]]
-        for node in held:
-            self.index.hold_kv(node)
+        self.index.hold_path(held)
         req.nodes = list(held)
         req.pages = [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
         req.units_allocated = hit_units
@@ -250,8 +250,7 @@ class HybridCacheManager:
         return req.hit_tokens
 
     def _rollback_first(self, req: Request) -> None:
-        for node in reversed(req.nodes):
-            self.index.release_kv(node, self.tick)
+        self.index.release_path(req.nodes, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
         req.reset()
@@ -374,7 +373,6 @@ class HybridCacheManager:
 
     def _register_units(self, req: Request, full_units: int) -> None:
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        f = self.spec.flops.prefill_flops
         while len(req.nodes) < full_units:
             i = len(req.nodes)
             node = index.nodes.get(digests[i])
@@ -388,7 +386,7 @@ class HybridCacheManager:
                 pages = tuple(t[i] for t in req.pages)
                 # Depth-independent value: a prefix's head must never rank below its tail,
                 # or value eviction drops heads first and strands unreachable tails.
-                node = index.register_kv(digests[i], i, req.tenant, pages, f(0, self.unit))
+                node = index.register_kv(digests[i], i, req.tenant, pages, self._unit_flops)
                 self.metrics.kv_pages_registered += len(pages)
             req.nodes.append(node)
 
@@ -409,7 +407,7 @@ class HybridCacheManager:
         # than a KV page, so eviction does not keep snapshots whose prefix it drops.
         kv = self.index.node_kv_bytes
         if kv:
-            flops = min(flops, self.spec.flops.prefill_flops(0, self.unit) * self.index.snap_bytes / kv)
+            flops = min(flops, self._unit_flops * self.index.snap_bytes / kv)
         self.index.register_snapshot(node, slot, flops, self.tick)
         self.metrics.snapshots_saved += 1
 
@@ -483,9 +481,7 @@ class HybridCacheManager:
         for i in req.dup_pages:
             for t in req.pages:
                 self.arena.free_page(t[i])
-        # Deepest first, so that under LRU the tail of a prefix is evicted before its head.
-        for node in reversed(req.nodes):
-            self.index.release_kv(node, self.tick)
+        self.index.release_path(req.nodes, self.tick)
 
     def clear(self) -> int:
         """Evict every cached entry no request holds; returns how many were evicted."""

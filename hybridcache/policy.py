@@ -168,10 +168,14 @@ class ValueQueue(EvictionQueue):
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
-        prio = self._clock.value + max(hits, 1) * flops / max(nbytes, 1) / self._scale
+        prio = self._clock.value + (hits if hits > 1 else 1) * flops / (nbytes or 1) / self._scale
         self._seq += 1
         self._live[item] = (prio, self._seq)
-        heapq.heappush(self._heap, (prio, self._seq, item))
+        heap = self._heap
+        heapq.heappush(heap, (prio, self._seq, item))
+        if len(heap) > 4 * len(self._live) + 4096:  # too many stale entries: rebuild
+            self._heap = [(p, q, it) for it, (p, q) in self._live.items()]
+            heapq.heapify(self._heap)
 
     def discard(self, item):
         self._live.pop(item, None)

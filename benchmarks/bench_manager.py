@@ -1,0 +1,108 @@
+"""Manager speed and hit rate: hybridcache vs vLLM's own KVCacheManager, same requests, one run.
+
+    python benchmarks/bench_manager.py [--requests 2000] [--model kimi-linear-48b] [--capacity 64GiB]
+
+A multi-turn chat stream with shared system prompts (token ids, from the simulator's
+generator) goes through vLLM's ``KVCacheManager`` on the hybrid config vLLM builds for the
+model in ``align`` mode (attention block inflated to the state page, chunks cut at block
+boundaries; see ``hybridcache.sim.vllm_native``) and through ``HybridCacheManager`` with its
+defaults. For each, per request: match + allocate + commit + free (hashing included, as
+vLLM's Request hashes on construction). Prints the median and p90 time per request, the
+token hit rate, and the ratios. Target: ours <= 0.5x vLLM's time with a hit rate >= vLLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.presets import get_preset
+from hybridcache.sim.generate import generate
+from hybridcache.sim.sizes import parse_size
+
+
+def run_ours(spec, capacity, reqs, unit: int = 16) -> tuple[list[float], int, int]:
+    m = HybridCacheManager(spec, capacity, CacheConfig(hash_unit=unit))
+    times: list[float] = []
+    hit = prompt = 0
+    for i, r in enumerate(reqs):
+        t0 = time.perf_counter()
+        rid = str(i)
+        res = m.add_request(rid, r.input_ids, tenant=r.tenant)
+        try:
+            m.allocate(rid, r.input_length + r.output_length - res.hit_tokens)
+        except OutOfSpaceError:
+            m.free(rid, finished=False)
+            continue
+        if r.output_ids is not None and len(r.output_ids):
+            m.append_tokens(rid, r.output_ids)
+        m.commit(rid, r.input_length + r.output_length)
+        m.free(rid)
+        times.append(time.perf_counter() - t0)
+        hit += res.hit_tokens
+        prompt += r.input_length
+    return times, hit, prompt
+
+
+def run_native(spec, capacity, reqs):
+    try:
+        from hybridcache.sim import vllm_native as vn
+        from hybridcache.sim.policies import vllm_align_block
+        from hybridcache.sim.replay import Tally
+
+        v = vn._vllm()
+    except Exception as exc:  # noqa: BLE001 - vLLM missing or failing to import
+        print(f"(vLLM not importable: {type(exc).__name__}: {exc}; native column skipped)")
+        return None
+    block = vllm_align_block(spec)
+    v["init_none_hash"](v["sha256"])
+    hasher = v["get_request_block_hasher"](block, v["sha256"])
+    mgr = v["KVCacheManager"](
+        vn.build_kv_cache_config(v, spec, capacity, block), max_model_len=spec.max_model_len,
+        scheduler_block_size=block, hash_block_size=block, enable_caching=True,
+    )
+    tally = Tally(spec)
+    times: list[float] = []
+    for i, r in enumerate(reqs):
+        t0 = time.perf_counter()
+        vn._one(v, mgr, hasher, tally, str(i), r, block)
+        times.append(time.perf_counter() - t0)
+    res = tally.result("vllm-native", capacity, snapshots=-1, evictions=-1)
+    return times, res.token_hit_rate, block
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--model", default="kimi-linear-48b")
+    ap.add_argument("--capacity", default="64GiB")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--units", default="16,64", help="hash units to run ours with")
+    args = ap.parse_args()
+    spec = get_preset(args.model)
+    cap = parse_size(args.capacity)
+    reqs = generate("chat", args.requests, seed=args.seed, tenants=2)
+    rows = []
+    for unit in (int(u) for u in args.units.split(",")):
+        t, hit, prompt = run_ours(spec, cap, reqs, unit)
+        rows.append((f"hybridcache (hash unit {unit})", t, hit / prompt))
+    ours = rows[0][1]
+    native = run_native(spec, cap, reqs)
+    if native is not None:
+        rows.append((f"vllm KVCacheManager (align, block {native[2]})", native[0], native[1]))
+    print(f"{len(reqs)} requests ({sum(r.input_length for r in reqs):,} prompt tokens), "
+          f"{args.model}, {args.capacity}")
+    print(f"{'manager':<44}{'median us':>11}{'p90 us':>9}{'hit rate':>10}")
+    for name, t, rate in rows:
+        q = statistics.quantiles(t, n=10)
+        print(f"{name:<44}{statistics.median(t) * 1e6:>11.0f}{q[8] * 1e6:>9.0f}{rate:>10.3f}")
+    if native is not None:
+        r_t = statistics.median(ours) / statistics.median(native[0])
+        print(f"ours / vLLM median time: {r_t:.2f}x; hit rate {rows[0][2]:.3f} vs {native[1]:.3f}")
+
+
+if __name__ == "__main__":
+    main()
