@@ -86,13 +86,18 @@ class RequestResult:
 
 @dataclass
 class RunStats:
-    """Counters of one serving run (prefill_s: wall time in prefill forwards and copies)."""
+    """Counters of one serving run.
+
+    ``prefill_s`` / ``prefill_cpu_s``: wall and process CPU time of prefill steps (snapshot
+    copies included); CPU time is the steadier figure on a shared machine.
+    """
 
     requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
     prefill_tokens: int = 0
     prefill_s: float = 0.0
+    prefill_cpu_s: float = 0.0
     decode_s: float = 0.0
     copies: int = 0
     preemptions: int = 0
@@ -237,9 +242,10 @@ class Runner:
     def _advance(self, r: _Live) -> bool:
         """One prefill chunk or one decode step; True when the request is finished."""
         if r.computed < len(r.prompt) or not r.allocated:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             self._prefill_chunk(r)
             self.stats.prefill_s += time.perf_counter() - t0
+            self.stats.prefill_cpu_s += time.process_time() - c0
         else:
             t0 = time.perf_counter()
             self._decode(r)
@@ -297,7 +303,13 @@ class Runner:
         if cfg.spec_decode:
             room = r.max_new - r.generated - 1
             drafts = ngram_draft(r.tokens, cfg.ngram, min(cfg.num_draft, room))
-        a = self.manager.allocate(r.rid, 1 + len(drafts), num_draft=len(drafts))
+        try:
+            a = self.manager.allocate(r.rid, 1 + len(drafts), num_draft=len(drafts))
+        except OutOfSpaceError:
+            if not drafts:
+                raise
+            drafts = []  # draft slots do not fit: decode plainly (allocate changed nothing)
+            a = self.manager.allocate(r.rid, 1)
         extra = {p + i + 1: [s] for i, s in enumerate(a.draft_slots)}
         logits = self.model.forward([r.tokens[p]] + drafts, p, self._context(a, extra))
         if not drafts:
