@@ -102,6 +102,7 @@ class RunStats:
     copies: int = 0
     preemptions: int = 0
     spec_steps: int = 0
+    spec_fallbacks: int = 0
     drafted: int = 0
     accepted: int = 0
 
@@ -309,6 +310,7 @@ class Runner:
             if not drafts:
                 raise
             drafts = []  # draft slots do not fit: decode plainly (allocate changed nothing)
+            self.stats.spec_fallbacks += 1
             a = self.manager.allocate(r.rid, 1)
         extra = {p + i + 1: [s] for i, s in enumerate(a.draft_slots)}
         logits = self.model.forward([r.tokens[p]] + drafts, p, self._context(a, extra))

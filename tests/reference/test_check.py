@@ -43,6 +43,21 @@ def test_check_under_eviction_pressure_and_preemption():
     assert report.cached.accepted > 0 and report.manager_stats["snapshots_rejected"] >= 0
 
 
+def test_spec_decode_falls_back_when_draft_slots_do_not_fit():
+    """40 KiB = 10 blocks: a 159-token request alone cannot also hold 3 draft slots."""
+    opts = tiny_options(
+        seed=145884,
+        requests=13,
+        capacity=40 * 1024,
+        spec_decode=True,
+        prefill_chunk=32,
+        admission="turn-end+interval:32",
+    )
+    report = run_check(opts)
+    _assert_ok(report)
+    assert report.cached.spec_fallbacks > 0 and report.cached.spec_steps > 0
+
+
 @pytest.mark.parametrize("eviction", ["lru", "marconi"])
 def test_check_other_eviction_policies(eviction):
     _assert_ok(run_check(tiny_options(seed=3, eviction=eviction, capacity=64 * 1024)))
