@@ -1,22 +1,17 @@
 """RedisTier: entries in Redis (single server, TLS, unix socket or Cluster), shared by engines.
 
-Layout: one Redis **hash per entry** at ``{ns}:{tenant}:{fingerprint}:{digest}`` (see
-:mod:`hybridcache.tiers.keys`), with field ``m`` = the manifest (the format header: it names
-every piece, its dtype, shape, length and checksum) and fields ``0..n-1`` = the pieces' bytes,
-cut into chunks of ``chunk_bytes``. A put is ``MULTI; UNLINK; HSET m+chunks; PEXPIRE; EXEC``:
-
-* a reader never sees half an entry (the write is one transaction, so the manifest and the
-  pieces it names appear together), which is what the usual "write data keys, then the
-  manifest key" order achieves, and more: TTL, ``maxmemory`` eviction and ``UNLINK`` remove
-  an entry whole, so ``EXISTS`` is an exact, one-round-trip completeness test, and a writer
-  that dies mid-way leaves no orphan pieces behind;
-* a manifest whose piece is missing (or an extra field, a short field, a flipped bit) fails
-  validation: the read is a miss and the entry is deleted.
+Layout (:mod:`.redis_layout`): per entry, the pieces' bytes in chunk keys, written *before*
+a manifest key that names them (generation + format header), so a reader never sees half an
+entry; all of an entry's keys share one Cluster slot. Protocol: :mod:`.redis_io`.
 
 Writes run on a background thread (:class:`~hybridcache.tiers.writer.BackgroundWriter`):
 ``put`` returns at once, a full queue drops the write (``dropped_writes``). Until a put or
 delete has reached Redis, ``get``/``contains`` in this process answer from the pending queue,
-so a process always reads its own writes. Reads are pipelined (one round trip per batch).
+so a process always reads its own writes. Reads are pipelined (two round trips per batch).
+
+Never wrong: a manifest from another model, tenant or prefix, a flipped bit, a short or
+missing chunk: all fail validation; the read is a miss and the entry is deleted (only if its
+manifest is still the one read, so a fresh entry written meanwhile survives).
 
 Failures never reach the caller: connection errors and timeouts open a circuit breaker
 (misses and dropped writes, one warning per outage, a probe every ``retry_interval_s``, and
@@ -30,10 +25,10 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from redis.cluster import RedisCluster
 from redis.exceptions import (
     ClusterError,
     RedisClusterException,
@@ -43,19 +38,20 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from hybridcache.tiers import redis_io
 from hybridcache.tiers.base import Counters, Tier, TierStats
-from hybridcache.tiers.errors import EntryFormatError, MissingPieceError, TierConfigError
-from hybridcache.tiers.format import EncodedEntry, Entry, decode, encode, parse_header
+from hybridcache.tiers.errors import TierConfigError
+from hybridcache.tiers.format import EncodedEntry, Entry, encode
 from hybridcache.tiers.health import Breaker
 from hybridcache.tiers.keys import EntryKey, KeyCodec
 from hybridcache.tiers.limits import TenantLimits
 from hybridcache.tiers.quota import QuotaLedger
 from hybridcache.tiers.redis_conn import RedisClient, connect, is_cluster_url, redact
+from hybridcache.tiers.redis_layout import DROP_LUA, new_generation
 from hybridcache.tiers.writer import BackgroundWriter
 
 _log = logging.getLogger("hybridcache.tiers.redis")
 
-MANIFEST_FIELD = b"m"
 SECRET_ENV = "HYBRIDCACHE_TIER_SECRET"
 
 #: Errors that mean "the server is not reachable right now" (open the breaker).
@@ -84,6 +80,7 @@ class _Job:
     entry: Entry | None
     ttl_s: float | None
     nbytes: int
+    encoded: Future[EncodedEntry] | None = None
 
 
 class RedisTier(Tier):
@@ -98,13 +95,15 @@ class RedisTier(Tier):
         namespace: first key component.
         client: an existing redis-py client (``decode_responses=False``) instead of ``url``.
         limits: per-tenant TTLs and byte quotas (quotas are kept in Redis, shared by engines).
-        chunk_bytes: pieces are stored in fields of at most this size (redis-py parses
+        chunk_bytes: pieces are stored in keys of at most this size (redis-py parses
             ~4 MiB values much faster than one 40 MiB value).
         max_pending_writes / max_pending_bytes: bound of the write queue; beyond it, puts
             are dropped.
         retry_interval_s: after a connection failure, serve misses for this long before
             probing the server again.
         verify_reads: check piece checksums on read (keep on: it costs ~3% of a read).
+        write_batch_bytes: most payload bytes the writer sends in one pipeline (at least one
+            entry); small entries are batched up to it, large ones go one by one.
         **redis_kwargs: passed to redis-py (``username``, ``password``, ``ssl_ca_certs``...).
     """
 
@@ -121,6 +120,7 @@ class RedisTier(Tier):
         max_pending_bytes: int = 1 << 30,
         retry_interval_s: float = 1.0,
         verify_reads: bool = True,
+        write_batch_bytes: int = 64 << 20,
         **redis_kwargs: Any,
     ) -> None:
         if (url is None) == (client is None):
@@ -143,17 +143,20 @@ class RedisTier(Tier):
             client = connect(url, **redis_kwargs)
         self._client: RedisClient | None = client
         self._ledger: QuotaLedger | None = None
+        self._drop_lua: Any = None
         self._client_lock = threading.Lock()
         self._breaker = Breaker(self.name, retry_interval_s, _log)
         self._counters = Counters()
         self._warned: set[str] = set()
         self._pending: dict[EntryKey, _Job] = {}
         self._plock = threading.Lock()
+        self._closed = False
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="hybridcache-redis-encoder")
         self._writer: BackgroundWriter[_Job] = BackgroundWriter(
             self._write_batch,
             max_jobs=max_pending_writes,
             max_bytes=max_pending_bytes,
-            batch_bytes=min(max_pending_bytes, 128 << 20),
+            batch_bytes=write_batch_bytes,
             name="hybridcache-redis-writer",
         )
 
@@ -169,8 +172,15 @@ class RedisTier(Tier):
         """
         ttl = self.limits.ttl_for(key.tenant, ttl_s)
         job = _Job("put", key, entry, ttl, entry.nbytes)
+        # Checksums are computed on the encoder thread while the writer sends the previous
+        # entry (both release the GIL), so hashing hides behind the network transfer.
         with self._plock:
+            if self._closed:
+                self._counters.add(dropped_writes=1)
+                return False
+            job.encoded = self._encoder.submit(encode, key, entry, chunk_bytes=self.chunk_bytes)
             if not self._writer.submit(job):
+                job.encoded.cancel()
                 self._counters.add(dropped_writes=1)
                 return False
             self._pending[key] = job
@@ -187,12 +197,12 @@ class RedisTier(Tier):
         results: list[Entry | None] = [None] * len(keys)
         remote = self._serve_pending(keys, results, lambda job: job.entry)
         if remote:
-            names = [self.codec.entry_key(keys[i]) for i in remote]
-            replies = self._call(lambda c: _pipelined(c, "hgetall", names))
-            if replies is UNAVAILABLE:
-                replies = [None] * len(remote)
-            for i, name, reply in zip(remote, names, replies, strict=True):
-                results[i] = self._decode_reply(keys[i], name, reply)
+            wanted = [keys[i] for i in remote]
+            names = [self.codec.entry_key(k) for k in wanted]
+            fetched = self._call(lambda c: self._fetch(c, wanted, names))
+            if fetched is not UNAVAILABLE:
+                for i, entry in zip(remote, fetched, strict=True):
+                    results[i] = entry
         hits = [e for e in results if e is not None]
         self._counters.add(
             hits=len(hits), misses=len(keys) - len(hits), bytes_out=sum(e.nbytes for e in hits)
@@ -204,7 +214,7 @@ class RedisTier(Tier):
         remote = self._serve_pending(keys, found, lambda job: job.entry is not None)
         if remote:
             names = [self.codec.entry_key(keys[i]) for i in remote]
-            replies = self._call(lambda c: _pipelined(c, "exists", names))
+            replies = self._call(lambda c: redis_io.pipelined(c, "exists", names))
             if replies is not UNAVAILABLE:
                 for i, reply in zip(remote, replies, strict=True):
                     found[i] = reply == 1
@@ -217,7 +227,10 @@ class RedisTier(Tier):
         return self._writer.flush(timeout_s)
 
     def close(self) -> None:
+        with self._plock:
+            self._closed = True
         self._writer.close()
+        self._encoder.shutdown(wait=True, cancel_futures=True)
         with self._client_lock:
             if self._client is not None:
                 self._client.close()
@@ -260,28 +273,36 @@ class RedisTier(Tier):
                     out[i] = answer(job)
         return remote
 
-    def _decode_reply(self, key: EntryKey, name: str, reply: object) -> Entry | None:
-        if not reply:  # absent (empty hash), or unavailable
-            return None
-        try:
-            if isinstance(reply, Exception):  # e.g. WRONGTYPE: not one of our hashes
-                raise EntryFormatError(f"{type(reply).__name__}: {reply}")
-            return _decode_fields(key, reply, self.verify_reads)
-        except EntryFormatError as exc:
-            _log.info("%s: dropping corrupt entry %s (%s)", self.name, name, exc)
+    def _fetch(
+        self, client: RedisClient, keys: list[EntryKey], names: list[str]
+    ) -> list[Entry | None]:
+        fetched = redis_io.fetch(client, keys, names, self.verify_reads)
+        for bad in fetched.bad:
+            self._drop(client, bad)
+        return fetched.entries
+
+    def _drop(self, client: RedisClient, bad: redis_io.BadEntry) -> None:
+        """Delete a bad entry if it is still the one read; count and log it."""
+        if bad.manifest is None:
+            client.unlink(bad.name)
+            dropped = True
+        else:
+            dropped = bool(
+                self._drop_script(client)(keys=[bad.name, *bad.chunks], args=[bad.manifest])
+            )
+        if dropped:  # otherwise it was replaced meanwhile: a race, not corruption
+            _log.info("%s: dropped corrupt entry %s (%s)", self.name, bad.name, bad.reason)
             self._counters.add(corrupt=1)
-            self._call(lambda c: self._unlink(c, key, [name]))
-            return None
+            self._release(bad.key, bad.name)
 
     # ------------------------------------------------------------------ writes
 
     def _write_batch(self, jobs: list[_Job]) -> None:
-        """Writer thread: reserve quota, then one transaction per batch (per entry on Cluster)."""
-        puts = [j for j in jobs if j.op == "put"]
+        """Writer thread: reserve quota, write the batch, then clear the pending entries."""
         try:
             out = self._call(lambda c: self._write_now(c, jobs))
             if out is UNAVAILABLE:
-                self._counters.add(dropped_writes=len(puts))
+                self._counters.add(dropped_writes=sum(1 for j in jobs if j.op == "put"))
         finally:
             with self._plock:
                 for job in jobs:
@@ -289,37 +310,43 @@ class RedisTier(Tier):
                         del self._pending[job.key]
 
     def _write_now(self, client: RedisClient, jobs: list[_Job]) -> None:
-        victims: list[str] = []
-        writes: list[tuple[str, _Job, EncodedEntry | None]] = []
+        ops: list[redis_io.WriteOp] = []
+        owners: list[_Job | None] = []  # the job of each op (None: a quota victim)
         for job in jobs:
             name = self.codec.entry_key(job.key)
-            encoded = None
-            if job.op == "put":
-                assert job.entry is not None
+            if job.op == "delete":
+                ops.append(redis_io.WriteOp(name))
+                owners.append(job)
+                continue
+            assert job.entry is not None
+            if job.encoded is not None:
+                encoded = job.encoded.result()
+            else:
                 encoded = encode(job.key, job.entry, chunk_bytes=self.chunk_bytes)
-                admitted, evicted = self._reserve(job, name, encoded.stored_bytes)
-                victims += evicted
-                if not admitted:
-                    continue
-            writes.append((name, job, encoded))
-        if victims:
-            _pipelined(client, "unlink", victims)
-            self._counters.add(evictions=len(victims))
-        # Standalone: the whole batch is one MULTI/EXEC. Cluster: a transaction must stay on
-        # one slot, so one per entry (each entry is a single key).
-        groups = [writes] if not isinstance(client, RedisCluster) else [[w] for w in writes]
-        for group in groups:
-            pipe = client.pipeline(transaction=True)
-            for name, job, encoded in group:
-                _queue_write(pipe, name, encoded, job.ttl_s)
-            pipe.execute()
-        for name, job, encoded in writes:
-            if encoded is None:
-                self._release(job.key, name)
-        stored = [e.nbytes for _, _, e in writes if e is not None]
+            admitted, victims = self._reserve(job, name, encoded.stored_bytes)
+            if admitted:
+                ops.append(redis_io.WriteOp(name, encoded, job.ttl_s, new_generation()))
+                owners.append(job)
+            # Victims go after the put that evicted them, as the ledger saw them.
+            ops.extend(redis_io.WriteOp(v) for v in victims)
+            owners.extend([None] * len(victims))
+        written = redis_io.write(client, ops)
+        stale: list[str] = []
+        puts = deletes = stored = 0
+        for op, job, error, old in zip(ops, owners, written.errors, written.replaced, strict=True):
+            stale += redis_io.chunks_of(op.name, old, op.generation)
+            if error is not None:
+                self._counters.add(errors=1, dropped_writes=int(op.encoded is not None))
+                self._warn_once(error)
+            elif op.encoded is not None:
+                puts, stored = puts + 1, stored + op.encoded.nbytes
+            elif job is not None:
+                deletes += 1
+                self._release(job.key, op.name)
         self._counters.add(
-            puts=len(stored), deletes=len(writes) - len(stored), bytes_in=sum(stored)
+            puts=puts, deletes=deletes, bytes_in=stored, evictions=owners.count(None)
         )
+        redis_io.unlink(client, stale)
 
     def _reserve(self, job: _Job, name: str, size: int) -> tuple[bool, list[str]]:
         """Account ``size`` bytes (header + payload) in the tenant's shared ledger."""
@@ -335,11 +362,6 @@ class RedisTier(Tier):
         if self.limits.quota_for(key.tenant) is not None:
             self._get_ledger().release(key.tenant, name)
 
-    def _unlink(self, client: RedisClient, key: EntryKey, names: list[str]) -> None:
-        client.unlink(*names)
-        for name in names:
-            self._release(key, name)
-
     # ------------------------------------------------------------------ plumbing
 
     def _get_client(self) -> RedisClient:
@@ -349,6 +371,11 @@ class RedisTier(Tier):
                 assert self._url is not None
                 self._client = connect(self._url, **self._redis_kwargs)
             return self._client
+
+    def _drop_script(self, client: RedisClient) -> Any:
+        if self._drop_lua is None:
+            self._drop_lua = client.register_script(DROP_LUA)
+        return self._drop_lua
 
     def _get_ledger(self) -> QuotaLedger:
         if self._ledger is None:
@@ -377,37 +404,3 @@ class RedisTier(Tier):
         if kind not in self._warned:
             self._warned.add(kind)
             _log.warning("%s: server refused a command (%s); counting it as a miss", self.name, exc)
-
-
-def _queue_write(pipe: Any, name: str, encoded: EncodedEntry | None, ttl_s: float | None) -> None:
-    """Add one entry's commands to a transaction (``encoded`` None: a delete)."""
-    pipe.unlink(name)
-    if encoded is None:
-        return
-    fields: dict[bytes, Any] = {MANIFEST_FIELD: encoded.header}
-    fields.update((str(i).encode(), c) for i, c in enumerate(encoded.chunks))
-    pipe.hset(name, mapping=fields)
-    if ttl_s is not None:
-        pipe.pexpire(name, max(1, round(ttl_s * 1000)))
-
-
-def _pipelined(client: RedisClient, command: str, names: Sequence[str]) -> list[Any]:
-    """One command per key, one round trip (Cluster: one per node); errors come back inline."""
-    pipe = client.pipeline(transaction=False)
-    for name in names:
-        getattr(pipe, command)(name)
-    return pipe.execute(raise_on_error=False)
-
-
-def _decode_fields(key: EntryKey, fields: dict[bytes, bytes], verify: bool) -> Entry:
-    """Entry from an ``HGETALL`` reply: manifest + exactly the chunks it names."""
-    header_bytes = fields.get(MANIFEST_FIELD)
-    if header_bytes is None:
-        raise MissingPieceError("manifest field is missing")
-    header = parse_header(key, header_bytes)
-    if len(fields) != header.num_chunks + 1:
-        raise MissingPieceError(
-            f"{len(fields) - 1} piece fields stored, manifest names {header.num_chunks}"
-        )
-    chunks = [fields.get(str(i).encode()) for i in range(header.num_chunks)]
-    return decode(key, header, chunks, verify=verify)

@@ -13,7 +13,8 @@ def test_layout_is_namespace_tenant_fingerprint_digest():
     name = codec.entry_key(key("alice", 1))
     ns, tenant, fp, digest = name.split(":")
     assert (ns, tenant, fp) == ("hc", "alice", FINGERPRINT)
-    assert len(digest) == 32 and int(digest, 16) >= 0
+    assert digest[0] + digest[-1] == "{}"  # the hash tag keeps an entry on one cluster slot
+    assert len(digest) == 34 and int(digest[1:-1], 16) >= 0
     assert name.startswith(codec.tenant_prefix("alice"))
 
 

@@ -44,16 +44,20 @@ def test_round_trip_of_every_dtype_is_exact(redis_url, make_tier, chunk_bytes):
     assert other.stats().hits == 1 and other.stats().bytes_out == original.nbytes
 
 
-def test_entry_is_one_hash_named_by_its_manifest(redis_url, make_tier, redis_server):
+def test_chunks_are_written_under_a_manifest_that_names_them(redis_url, make_tier, redis_server):
     tier = make_tier(redis_url, chunk_bytes=1000)
     k = key("alice", 1)
-    tier.put(k, Entry({"a": np.zeros(2500, np.uint8), "b": np.ones(10, np.float32)}))
+    tier.put(k, Entry({"a": np.zeros(2500, np.uint8), "b": np.ones(10, np.float32)}), ttl_s=60)
     tier.flush()
     r = redis_server.client()
-    (name,) = [n.decode() for n in r.keys("*")]
-    assert name == KeyCodec("hc", SECRET).entry_key(k)
-    assert sorted(r.hkeys(name)) == [b"0", b"1", b"2", b"3", b"m"]  # 3 chunks of a, 1 of b
+    name = KeyCodec("hc", SECRET).entry_key(k)
+    gen = r.get(name)[:16].decode()
+    chunks = [f"{name}:{gen}:{i}" for i in range(4)]  # 3 chunks of a, 1 of b
+    assert sorted(n.decode() for n in r.keys("*")) == sorted([name, *chunks])
+    assert [len(v) for v in r.mget(chunks)] == [1000, 1000, 500, 40]
     assert k.prefix_hex not in name
+    assert min(r.pttl(c) for c in chunks) > r.pttl(name)  # chunks outlive their manifest
+    assert len({redis.cluster.key_slot(n.encode()) for n in [name, *chunks]}) == 1
 
 
 def test_two_tenants_with_identical_prompts_never_share(redis_url, make_tier, redis_server):
@@ -105,7 +109,7 @@ def test_ttl_per_session_and_per_tenant(redis_url, make_tier):
     assert_same(tier.get(kept), entry_for(kept))
 
 
-def test_quota_is_shared_by_engines_and_evicts_the_oldest(redis_url, make_tier):
+def test_quota_is_shared_by_engines_and_evicts_the_oldest(redis_url, make_tier, redis_server):
     one = entry_for(key("alice", 0))
     size = _stored_size(one)
     limits = TenantLimits(tenant_quotas={"alice": 3 * size + size // 2})
@@ -119,7 +123,9 @@ def test_quota_is_shared_by_engines_and_evicts_the_oldest(redis_url, make_tier):
         assert engine_a.usage("alice") <= 3 * size + size // 2
     assert engine_a.contains_many(keys) == [False, False, False, True, True, True]
     assert engine_a.usage("alice") == engine_b.usage("alice") == 3 * size
-    # bob has no quota and is not affected by alice's
+    # evicted entries went whole: 3 manifests + their chunks + the two ledger keys remain
+    assert len(redis_server.client().keys("*")) == 3 * (1 + 2) + 2
+    # bob has no quota and is not affected by alice's quota
     for i in range(6):
         engine_a.put(key("bob", i), entry_for(key("bob", i)))
     engine_a.flush()
@@ -184,15 +190,22 @@ def test_longest_prefix_and_batched_reads(redis_url, make_tier):
         assert_same(g, entry_for(k))
 
 
-def test_overwrite_replaces_all_chunks(redis_url, make_tier, redis_server):
-    tier = make_tier(redis_url, chunk_bytes=1000)
+def test_overwrites_leave_no_orphan_chunks(redis_url, make_tier, redis_server):
+    engines = [make_tier(redis_url, chunk_bytes=1000) for _ in range(2)]
     k = key("alice", 1)
-    tier.put(k, Entry({"a": np.zeros(5000, np.uint8)}))
-    tier.put(k, Entry({"b": np.ones(10, np.int8)}))
-    tier.flush()
-    got = tier.get(k)
-    assert list(got.pieces) == ["b"]
-    assert sorted(redis_server.client().hkeys(tier.codec.entry_key(k))) == [b"0", b"m"]
+    for i in range(20):  # two engines overwrite the same key with different layouts
+        engines[i % 2].put(k, Entry({"a": np.full(500 * (i % 5 + 1), i, np.uint8)}))
+        if i % 3 == 0:
+            engines[0].flush()
+    for e in engines:
+        e.flush()
+    got = engines[0].get(k)
+    assert got is not None and len(set(got.pieces["a"].tolist())) == 1
+    n_chunks = -(-got.pieces["a"].size // 1000)
+    assert len(redis_server.client().keys("*")) == 1 + n_chunks
+    engines[1].delete(k)
+    engines[1].flush()
+    assert redis_server.client().keys("*") == []
 
 
 def test_configuration_errors_raise(redis_url, monkeypatch):
@@ -216,3 +229,10 @@ def _stored_size(entry: Entry) -> int:
     from hybridcache.tiers import encode
 
     return encode(key("alice", 0), entry, chunk_bytes=4 << 20).stored_bytes
+
+
+def test_put_after_close_is_dropped_not_raised(redis_url, make_tier):
+    tier = make_tier(redis_url)
+    tier.close()
+    assert not tier.put(key("alice", 1), entry_for(key("alice", 1)))
+    assert tier.stats().dropped_writes == 1

@@ -165,15 +165,16 @@ def cluster(tmp_path_factory):
     root = tmp_path_factory.mktemp("cluster")
     nodes = []
     try:
-        for i in range(3):
-            port = free_port()
-            extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            nodes.append(RedisServer(root / f"n{i}", port=port, extra=extra).start())
+        bus_ports = [free_port() for _ in range(3)]
+        for i, bus in enumerate(bus_ports):
+            extra = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                     "--cluster-port", str(bus))  # fmt: skip
+            nodes.append(RedisServer(root / f"n{i}", extra=extra).start())
         bounds = [(0, 5460), (5461, 10922), (10923, 16383)]
         for node, (lo, hi) in zip(nodes, bounds, strict=True):
             node.client().execute_command("CLUSTER", "ADDSLOTSRANGE", lo, hi)
-        for node in nodes[1:]:
-            nodes[0].client().execute_command("CLUSTER", "MEET", "127.0.0.1", node.port)
+        for node, bus in zip(nodes[1:], bus_ports[1:], strict=True):
+            nodes[0].client().execute_command("CLUSTER", "MEET", "127.0.0.1", node.port, bus)
         deadline = time.monotonic() + 20
         while not all(_cluster_ok(n) for n in nodes):
             if time.monotonic() > deadline:
@@ -203,8 +204,10 @@ def test_redis_cluster_url(cluster, make_tier):
     assert tier.get(key("bob", 0)) is None
     name = tier.codec.entry_key(key("alice", 1))
     direct = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster[0].port)
-    direct.hset(name, b"0", b"garbage")
-    assert tier.get(key("alice", 1)) is None and direct.exists(name) == 0
+    chunk = f"{name}:{direct.get(name)[:16].decode()}:0"
+    direct.setrange(chunk, 10, b"garbage")
+    assert tier.get(key("alice", 1)) is None
+    assert direct.exists(name) == 0 and direct.exists(chunk) == 0
     assert tier.stats().corrupt == 1
     direct.close()
 

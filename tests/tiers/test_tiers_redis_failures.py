@@ -25,10 +25,16 @@ def _stored(tier, redis_server, k, chunk_bytes_entry=None):
     return redis_server.client(), tier.codec.entry_key(k), entry
 
 
+def _chunks(r, name):
+    """The chunk keys the manifest at ``name`` names (generation prefix + index)."""
+    gen = r.get(name)[:16].decode()
+    return sorted(n.decode() for n in r.keys(f"{name}:{gen}:*"))
+
+
 def _assert_dropped(tier, r, name, k, corrupt=1):
     assert tier.get(k) is None
     assert tier.stats().corrupt == corrupt
-    assert r.exists(name) == 0, "a corrupt entry must be deleted"
+    assert r.keys("*") == [], "a corrupt entry must be deleted, chunks included"
     assert tier.get(k) is None and not tier.contains(k)
 
 
@@ -36,9 +42,8 @@ def test_overwritten_bytes_are_a_miss_and_the_entry_is_deleted(redis_url, make_t
     tier = make_tier(redis_url)
     k = key("alice", 1)
     r, name, _ = _stored(tier, redis_server, k)
-    chunk = bytearray(r.hget(name, b"0"))
-    chunk[len(chunk) // 2] ^= 0xFF
-    r.hset(name, b"0", bytes(chunk))
+    first = _chunks(r, name)[0]
+    r.setrange(first, 100, b"\xff\xfe")  # overwrite bytes in place
     _assert_dropped(tier, r, name, k)
     assert tier.stats().misses == 2 and tier.stats().hits == 0
 
@@ -47,7 +52,8 @@ def test_truncated_piece_is_a_miss(redis_url, make_tier, redis_server):
     tier = make_tier(redis_url)
     k = key("alice", 1)
     r, name, _ = _stored(tier, redis_server, k)
-    r.hset(name, b"1", r.hget(name, b"1")[:-3])
+    last = _chunks(r, name)[-1]
+    r.set(last, r.get(last)[:-3])
     _assert_dropped(tier, r, name, k)
 
 
@@ -55,10 +61,11 @@ def test_corrupt_manifest_is_a_miss(redis_url, make_tier, redis_server):
     tier = make_tier(redis_url)
     k = key("alice", 1)
     r, name, _ = _stored(tier, redis_server, k)
-    manifest = bytearray(r.hget(name, b"m"))
-    manifest[12] ^= 0x10
-    r.hset(name, b"m", bytes(manifest))
-    _assert_dropped(tier, r, name, k)
+    manifest = bytearray(r.get(name))
+    manifest[30] ^= 0x10
+    r.set(name, bytes(manifest))
+    assert tier.get(k) is None and tier.stats().corrupt == 1
+    assert r.exists(name) == 0  # its chunks cannot be named any more: they expire (TTL)
 
 
 def test_manifest_present_but_a_piece_missing_is_a_miss(redis_url, make_tier, redis_server):
@@ -66,24 +73,38 @@ def test_manifest_present_but_a_piece_missing_is_a_miss(redis_url, make_tier, re
     k = key("alice", 1)
     entry = Entry({"kv": np.arange(100, dtype=np.float32), "state": np.ones(8, np.float32)})
     r, name, _ = _stored(tier, redis_server, k, entry)
-    assert r.hlen(name) == 6  # manifest + 4 chunks of kv + 1 of state
-    r.hdel(name, b"2")
+    chunks = _chunks(r, name)
+    assert len(chunks) == 5  # 4 chunks of kv + 1 of state
+    r.unlink(chunks[2])
     _assert_dropped(tier, r, name, k)
 
 
-def test_pieces_without_manifest_extra_fields_and_wrong_types_are_misses(
+def test_bad_generation_foreign_values_and_wrong_types_are_misses(
     redis_url, make_tier, redis_server
 ):
     tier = make_tier(redis_url)
     a, b, c = key("alice", 1), key("alice", 2), key("alice", 3)
     r, name_a, _ = _stored(tier, redis_server, a)
     _, name_b, _ = _stored(tier, redis_server, b)
-    r.hdel(name_a, b"m")
-    r.hset(name_b, b"99", b"junk")
-    r.set(tier.codec.entry_key(c), b"not a hash")
+    r.set(name_a, b"0" * 16 + r.get(name_a)[16:])  # manifest names chunks that do not exist
+    r.set(name_b, b"some value another program wrote")
+    r.hset(tier.codec.entry_key(c), "x", "a hash, not a manifest")
     assert tier.get_many([a, b, c]) == [None, None, None]
     assert tier.stats().corrupt == 3
     assert r.exists(name_a, name_b, tier.codec.entry_key(c)) == 0
+
+
+def test_a_corrupt_entry_replaced_meanwhile_is_not_deleted(redis_url, make_tier, redis_server):
+    """The conditional drop only deletes the manifest that was read."""
+    from hybridcache.tiers.redis_io import BadEntry
+
+    tier = make_tier(redis_url)
+    k = key("alice", 1)
+    r, name, entry = _stored(tier, redis_server, k)
+    stale = BadEntry(k, name, b"an older manifest", [], "test")
+    tier._drop(r, stale)
+    assert_same(tier.get(k), entry)
+    assert tier.stats().corrupt == 0
 
 
 def test_server_killed_mid_run_gives_misses_then_recovers(own_redis, make_tier, caplog):
