@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from vllm.logger import init_logger
@@ -45,6 +46,7 @@ from vllm.v1.request import Request
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.hashing import MultiModalItem
 from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
+from hybridcache.requests import admission_points
 
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
 
@@ -64,6 +66,7 @@ class AdapterStats:
     saves_in_place: int = 0
     saves_dropped: int = 0
     commits: int = 0
+    deferred: int = 0
 
 
 @dataclass
@@ -173,6 +176,10 @@ class HybridKVCacheManager:
         self.stats_counters = AdapterStats()
         self._tracked: dict[str, _Tracked] = {}
         self._new_block_ids: list[int] = []
+        # Digests of units whose snapshot a request scheduled in this step will write, and
+        # requests told to wait one step for them (see get_computed_blocks).
+        self._pending_snaps: set[bytes] = set()
+        self._wait: set[str] = set()
         # Attributes the scheduler reads from vLLM's manager at construction time.
         self.mamba_shared_prefix_checkpoint = False
         self.coordinator = _CoordinatorView(
@@ -240,11 +247,51 @@ class HybridKVCacheManager:
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         hit = self.manager.match(request.request_id).hit_tokens
+        if self._pending_deeper(request.request_id, hit):
+            self._wait.add(request.request_id)
         self.stats_counters.lookups += 1
         self.stats_counters.lookup_hit_tokens += hit
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
         return self._hit_blocks(request.request_id, hit), hit, 0
+
+    def _pending_deeper(self, rid: str, hit: int) -> bool:
+        """Whether a request in this step is writing a snapshot deeper on this prompt's path.
+
+        Like vLLM's own Mamba manager, a request that would hit a state being computed in
+        the current step is held back one step (its allocation fails) instead of being
+        computed from an older snapshot: two sessions arriving together then share the
+        system prompt's state from the second step on.
+        """
+        if not self._pending_snaps:
+            return False
+        mreq = self.manager.requests[rid]
+        max_units = (mreq.num_tokens - 1) // self.block_size
+        digests = mreq.hasher.digests[hit // self.block_size : max_units]
+        return any(d in self._pending_snaps for d in digests)
+
+    def next_save_boundary(self, request: Request, start: int, end: int) -> int | None:
+        """First boundary in ``(start, end)`` where admission wants a snapshot, if any.
+
+        The scheduler ends the chunk there: the worker writes a state only at a step's
+        end, so a save point inside a chunk could not be honoured. The answer uses the
+        same admission function as the manager (for a request not yet allocated, with the
+        prompt length and hits its first allocation will see).
+        """
+        rid = request.request_id
+        mreq = self.manager.requests.get(rid)
+        if mreq is None:
+            self._add(request)
+            mreq = self.manager.requests[rid]
+        view: Any = mreq
+        if not mreq.allocated:
+            m = self.manager.match(rid)
+            view = SimpleNamespace(
+                prompt_len=mreq.num_tokens, kv_hit_tokens=m.kv_hit_tokens, hit_tokens=m.hit_tokens
+            )
+        points = admission_points(self.manager.admission, view, start, end, self.block_size)
+        inside = [b for b, rolling in points if start < b < end and not rolling]
+        return min(inside) if inside else None
 
     def _hit_blocks(self, rid: str, hit: int) -> KVCacheBlocks:
         mreq = self.manager.requests[rid]
@@ -291,9 +338,9 @@ class HybridKVCacheManager:
     ) -> KVCacheBlocks | None:
         """Pages and state columns for ``num_new_tokens`` more tokens, or ``None`` if full.
 
-        ``full_sequence_must_fit``, ``reserved_blocks`` and the watermark are admission
-        heuristics of vLLM's pool; the arena admits by the chunk being scheduled (its
-        entries are evictable), which can only cause more preemptions, never wrong output.
+        ``full_sequence_must_fit`` (vLLM's admission gate for waiting requests) is honoured
+        by :meth:`_fits`; ``reserved_blocks`` and the watermark serve vLLM's connectors and
+        are not modelled (a fuller admission can only cause preemptions, not wrong output).
         """
         if num_lookahead_tokens or num_external_computed_tokens or delay_cache_blocks:
             raise NotImplementedError(
@@ -304,6 +351,10 @@ class HybridKVCacheManager:
             raise NotImplementedError("hybridcache does not manage cross-attention caches")
         rid = request.request_id
         tr = self._tracked.get(rid)
+        if rid in self._wait:
+            self._wait.discard(rid)
+            self.stats_counters.deferred += 1
+            return None
         if tr is None:
             if request.num_computed_tokens:
                 raise RuntimeError(f"request {rid}: computed tokens without an allocation")
@@ -312,6 +363,9 @@ class HybridKVCacheManager:
             self._sync(tr)
         if num_new_tokens == 0:
             return self.empty_kv_cache_blocks
+        if tr is None and full_sequence_must_fit and not self._fits(request, num_new_computed_tokens):
+            self.stats_counters.allocation_failures += 1
+            return None
         try:
             alloc = self.manager.allocate(rid, num_new_tokens)
         except OutOfSpaceError:
@@ -331,6 +385,27 @@ class HybridKVCacheManager:
         new = [t[s:] for t, s in zip(tr.tables, tr.sent)]
         tr.sent = [len(t) for t in tr.tables]
         return self._kv_blocks(new)
+
+    def _fits(self, request: Request, hit: int) -> bool:
+        """Whether the whole sequence could be held next to what live requests hold.
+
+        Cached entries nobody holds are evictable, so only live requests' pages and slots
+        count against the pool; the new request needs pages for its unmatched units and a
+        running slot plus one save slot.
+        """
+        units = -(-min(request.num_tokens, self.manager.spec.max_model_len) // self.block_size)
+        need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
+        return self._held_blocks() + need <= self.num_blocks - 1
+
+    def _held_blocks(self) -> int:
+        ids: set[int] = set()
+        slots = 0
+        for tr in self._tracked.values():
+            for gid in self.attn_ids:
+                ids.update(tr.tables[gid])
+            mreq = self.manager.requests[tr.request.request_id]
+            slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
+        return len(ids) + slots * self.slot_blocks
 
     def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
         b = self.block_size
@@ -360,11 +435,12 @@ class HybridKVCacheManager:
         while len(tr.cols) <= last_col:
             tr.cols.append(mreq.slot)
         for sp in alloc.save_points:
-            self._run_save(mreq, sp, end)
+            if self._run_save(mreq, sp, end):
+                self._pending_snaps.add(mreq.hasher.digests[end // self.block_size - 1])
         for j, gid in enumerate(self.mamba_ids):
             tr.tables[gid] = [self._state_blocks(s, j) for s in tr.cols]
 
-    def _run_save(self, mreq: Any, sp: SavePoint, end: int) -> None:
+    def _run_save(self, mreq: Any, sp: SavePoint, end: int) -> bool:
         """Make the block that holds the state at ``sp.boundary`` the snapshot.
 
         The current column's block is the running slot and holds the state at ``end``
@@ -372,6 +448,10 @@ class HybridKVCacheManager:
         request record registers that block at commit and keeps computing in the other.
         A save point inside the step (never produced by our scheduler) cannot be honoured:
         it is dropped so that no snapshot of the wrong state is ever registered.
+
+        Returns:
+            True when a snapshot will be registered at the next commit (not for the
+            rolling turn-end save, which is registered when the request finishes).
         """
         rolling = sp.slot == mreq.rolling_slot and sp.boundary == mreq.rolling_boundary
         if sp.boundary == end and end % self.block_size == 0:
@@ -381,18 +461,21 @@ class HybridKVCacheManager:
                 mreq.saves[sp.boundary] = mreq.slot
             mreq.slot = sp.slot
             self.stats_counters.saves_in_place += 1
-            return
+            return not rolling
         self.stats_counters.saves_dropped += 1
         if rolling:
             mreq.rolling_boundary = -1
         else:
             self.manager.arena.free_slot(mreq.saves.pop(sp.boundary))
+        return False
 
     # ------------------------------------------------------------------ steps
     def new_step_starts(self) -> None:
         """Commit what the previous step computed, so this step's lookups can hit it."""
         for tr in self._tracked.values():
             self._sync(tr)
+        self._pending_snaps.clear()
+        self._wait.clear()
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         tr = self._tracked.get(request.request_id)
@@ -500,15 +583,6 @@ class HybridKVCacheManager:
         out["block_size"] = self.block_size
         out["num_blocks"] = self.num_blocks
         return out
-
-    def held_blocks(self) -> int:
-        """vLLM blocks held by live requests' tables (distinct ids; for leak checks)."""
-        ids: set[int] = set()
-        for tr in self._tracked.values():
-            for t in tr.tables:
-                ids.update(t)
-        ids.discard(0)
-        return len(ids)
 
     @property
     def num_tracked(self) -> int:

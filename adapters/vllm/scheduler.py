@@ -86,6 +86,10 @@ class HybridCacheScheduler(Scheduler):
             )
         # Our split runs for every hybrid model (see _mamba_block_aligned_split).
         self.need_mamba_block_aligned_split = self.has_mamba_layers
+        # Backends that export a state from inside a chunk (vLLM's "prefill checkpoint":
+        # some Mamba2 / KDA kernels) write into the block table's second-to-last column;
+        # never give them a chunk that crosses a block boundary.
+        self.split_every_block = bool(self.mamba_has_prefill_checkpoint_blocks)
         logger.info(
             "hybridcache: manager over %d vLLM blocks of %d tokens (admission=%s, eviction=%s)",
             self.kv_cache_manager.num_blocks,
@@ -129,13 +133,13 @@ class HybridCacheScheduler(Scheduler):
         num_new_local_computed_tokens: int = 0,
         num_external_computed_tokens: int = 0,
     ) -> int:
-        """End every prefill chunk at the next block boundary at the latest.
+        """End a prefill chunk at the next boundary where the manager will save a state.
 
         The worker writes a recurrent state only at a step's end, into the block of the
-        step's last column. Stopping at each boundary leaves every boundary's state in a
-        block, so any admission point (end of prompt, branch point, interval) can be kept
-        without an extra copy, and the worker's in-chunk checkpoint export (used by some
-        Mamba2/KDA backends) never fires, so it cannot write into a block we cached.
+        step's last column, so every admission point (end of prompt, branch point,
+        interval) must be a step end; the manager answers where the next one is. For
+        backends that export checkpoints from inside a chunk, chunks also stop at every
+        block boundary, so the export never fires and cannot write into a block we use.
         Decode steps are not split.
         """
         start = request.num_computed_tokens + num_new_local_computed_tokens
@@ -143,8 +147,13 @@ class HybridCacheScheduler(Scheduler):
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         if start >= prefill_end:
             return num_new_tokens
-        boundary = (start // self.block_size + 1) * self.block_size
-        return max(min(num_new_tokens, boundary - start), 0)
+        end = start + num_new_tokens
+        if self.split_every_block:
+            end = min(end, (start // self.block_size + 1) * self.block_size)
+        save = self.kv_cache_manager.next_save_boundary(request, start, end)
+        if save is not None:
+            end = save
+        return max(end - start, 0)
 
     def hybridcache_stats(self) -> dict[str, object]:
         """Our engine's metrics and the adapter's counters (JSON-friendly)."""

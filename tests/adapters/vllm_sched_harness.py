@@ -1,0 +1,298 @@
+"""Drive vLLM's real ``Scheduler`` without a model: fake outputs and a simulated worker.
+
+vLLM's scheduler tests feed ``update_from_output`` with made-up sampled tokens. This
+harness does that and, in addition, simulates what vLLM's worker does with the blocks the
+scheduler hands out, so that a wrong block mapping fails loudly instead of only skewing
+hit counts:
+
+- attention blocks: each written position records the token it holds; before a step
+  "reads" a request's KV, every position ``< end`` of its block table must hold the
+  request's token at that position (a shared or stale page would not);
+- Mamba/GDN blocks in ``align`` mode (``preprocess_mamba``): the running state lives in
+  column ``(seq_len - 1) // block_size``; when a step moves to a new column the previous
+  column's block is copied into the new one; the step then requires the state it starts
+  from to be *exactly* the state after ``start`` tokens of this request (a digest of the
+  prefix), and writes the state after ``end`` tokens;
+- zeroing of new attention blocks and the scheduler's block copies are applied.
+
+Sampled tokens are a deterministic function of the request's tokens so far, so a request
+produces the same output whatever was cached (as a real model would).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BLOCK = 64
+NUM_LAYERS = 4
+
+
+def write_config_dir(path: Path) -> Path:
+    """A config-only Qwen3-Next checkpoint directory (no weights: the scheduler needs none)."""
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": NUM_LAYERS,
+        "layer_types": ["linear_attention", "full_attention"] * (NUM_LAYERS // 2),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 1,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "max_position_embeddings": 8192,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "torch_dtype": "bfloat16",
+        "eos_token_id": 0,
+    }
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max_num_seqs: int = 8,
+                   max_batched: int = 1024, additional_config: dict | None = None,
+                   mamba_cache_mode: str = "align") -> Any:
+    """A scheduler over a hand-built hybrid ``KVCacheConfig`` (1 GDN group, 1 attention group)."""
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    model_config = ModelConfig(model=str(model_dir), dtype="bfloat16", seed=0,
+                               skip_tokenizer_init=True, max_model_len=8192)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, max_model_len=8192,
+            enable_chunked_prefill=True, async_scheduling=False, is_encoder_decoder=False,
+        ),
+        cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
+                                 mamba_cache_mode=mamba_cache_mode),
+        additional_config=additional_config or {},
+    )
+    mamba = MambaSpec(block_size=BLOCK, shapes=((4, 130), (1, 128, 128)),
+                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode=mamba_cache_mode)
+    attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[
+            KVCacheGroupSpec(["layers.0.linear_attn", "layers.2.linear_attn"], mamba),
+            KVCacheGroupSpec(["layers.1.self_attn", "layers.3.self_attn"], attn),
+        ],
+        # As vLLM's engine builds it: sparse Mamba retention (the CacheConfig default 0),
+        # hashing at the block size.
+        prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
+        hash_block_size=BLOCK,
+        cache_hit_alignment_tokens=BLOCK,
+    )
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    return scheduler_cls(
+        vllm_config=vllm_config,
+        kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config),
+        block_size=BLOCK,
+        log_stats=True,
+    )
+
+
+def prefix_digest(tokens: list[int]) -> str:
+    return hashlib.sha256(repr(tokens).encode()).hexdigest()[:16]
+
+
+def fake_token(tokens: list[int]) -> int:
+    """The 'model': next token is a function of the whole sequence so far."""
+    return 2 + int(prefix_digest(tokens), 16) % 500
+
+
+@dataclass
+class SimWorker:
+    """Worker-side view of blocks (see module docstring); raises AssertionError on misuse."""
+
+    block_size: int
+    mamba_groups: list[int]
+    attn_groups: list[int]
+    kv: dict[tuple[int, int], int] = field(default_factory=dict)  # (block, pos) -> token
+    state: dict[int, tuple[int, str]] = field(default_factory=dict)  # block -> (n, digest)
+    tables: dict[str, list[list[int]]] = field(default_factory=dict)
+    state_col: dict[str, int] = field(default_factory=dict)
+    steps: int = 0
+
+    def apply(self, out: Any, requests: dict[str, Any]) -> None:
+        self.steps += 1
+        for rid in out.finished_req_ids:
+            self.tables.pop(rid, None)
+            self.state_col.pop(rid, None)
+        for rid in out.preempted_req_ids or ():
+            self.tables.pop(rid, None)
+            self.state_col.pop(rid, None)
+        for b in out.new_block_ids_to_zero or ():
+            for pos in range(self.block_size):
+                self.kv.pop((b, pos), None)
+        for c in out.kv_cache_block_copies or ():
+            self._copy(c.src_block_id, c.dst_block_id)
+        for nr in out.scheduled_new_reqs:
+            self.tables[nr.req_id] = [list(t) for t in nr.block_ids]
+            self.state_col.pop(nr.req_id, None)
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            new = cached.new_block_ids[i]
+            if rid in cached.resumed_req_ids:
+                self.tables[rid] = [list(t) for t in new]
+                self.state_col.pop(rid, None)
+            elif new is not None:
+                for t, extra in zip(self.tables[rid], new):
+                    t.extend(extra)
+        for rid, n in out.num_scheduled_tokens.items():
+            self._run(rid, requests[rid], n)
+
+    def _copy(self, src: int, dst: int) -> None:
+        for pos in range(self.block_size):
+            if (src, pos) in self.kv:
+                self.kv[(dst, pos)] = self.kv[(src, pos)]
+            else:
+                self.kv.pop((dst, pos), None)
+        if src in self.state:
+            self.state[dst] = self.state[src]
+
+    def _run(self, rid: str, req: Any, n: int) -> None:
+        start = req.num_computed_tokens - n  # the scheduler already advanced it
+        end = start + n
+        tokens = list(req.all_token_ids)
+        bs = self.block_size
+        table = self.tables[rid]
+        for g in self.attn_groups:
+            for pos in range(start, end):
+                self.kv[(table[g][pos // bs], pos % bs)] = tokens[pos]
+            for pos in range(end):
+                got = self.kv.get((table[g][pos // bs], pos % bs))
+                assert got == tokens[pos], f"{rid}: KV at {pos} holds {got}, not {tokens[pos]}"
+        curr = (end - 1) // bs
+        prev = self.state_col.get(rid, (start - 1) // bs if start else -1)
+        for g in self.mamba_groups:
+            col = table[g]
+            assert len(col) > curr, f"{rid}: state column {curr} missing"
+            if prev != -1 and prev != curr:
+                assert col[prev] != 0, f"{rid}: copy from the null block (column {prev})"
+                self._copy(col[prev], col[curr])
+            want = (start, prefix_digest(tokens[:start]))
+            if start:
+                got = self.state.get(col[curr])
+                assert got == want, f"{rid}: starts from state {got}, needs {want}"
+            self.state[col[curr]] = (end, prefix_digest(tokens[:end]))
+        self.state_col[rid] = curr
+
+
+def model_output(out: Any, requests: dict[str, Any]) -> Any:
+    """Sampled tokens for requests whose scheduled chunk reaches the end of their tokens."""
+    from vllm.v1.outputs import ModelRunnerOutput
+
+    req_ids = list(out.num_scheduled_tokens)
+    sampled = []
+    for rid in req_ids:
+        req = requests[rid]
+        done_prefill = req.num_computed_tokens >= req.num_tokens
+        sampled.append([fake_token(list(req.all_token_ids))] if done_prefill else [])
+    return ModelRunnerOutput(
+        req_ids=req_ids,
+        req_id_to_index={r: i for i, r in enumerate(req_ids)},
+        sampled_token_ids=sampled,
+    )
+
+
+@dataclass
+class Turn:
+    """One request of a session: new tokens after the history, and tokens to generate."""
+
+    new_tokens: list[int]
+    max_tokens: int
+
+
+@dataclass
+class DriveResult:
+    """Per request: tokens found cached when first scheduled; outputs; step count."""
+
+    hits: dict[str, int]
+    outputs: dict[str, list[int]]
+    prompt_lens: dict[str, int]
+    preemptions: int
+    steps: int
+
+
+def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000) -> DriveResult:
+    """Run every session's turns (the next turn's prompt is the whole history) to the end.
+
+    All sessions start together; a session submits its next turn when the previous one
+    finishes. Every step goes through :class:`SimWorker`, so a wrong block fails here.
+    """
+    from vllm.sampling_params import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    init_none_hash(sha256)
+    hasher = get_request_block_hasher(scheduler.hash_block_size, sha256)
+    kvc = scheduler.kv_cache_config
+    mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
+    attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
+    worker = SimWorker(scheduler.block_size, mamba, attn)
+    history = {s: [] for s in sessions}
+    nxt = {s: 0 for s in sessions}
+    live: dict[str, Any] = {}
+    res = DriveResult({}, {}, {}, 0, 0)
+
+    def submit(s: str) -> None:
+        turn = sessions[s][nxt[s]]
+        rid = f"{s}/{nxt[s]}"
+        history[s] = history[s] + turn.new_tokens
+        sp = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True, temperature=0.0)
+        req = Request(rid, list(history[s]), sp, None, block_hasher=hasher)
+        live[rid] = req
+        res.prompt_lens[rid] = len(history[s])
+        scheduler.add_request(req)
+
+    for s in sessions:
+        submit(s)
+    for _ in range(max_steps):
+        if not live:
+            break
+        out = scheduler.schedule()
+        res.preemptions += len(out.preempted_req_ids or ())
+        for nr in out.scheduled_new_reqs:
+            n = out.num_scheduled_tokens[nr.req_id]
+            res.hits.setdefault(nr.req_id, live[nr.req_id].num_computed_tokens - n)
+        worker.apply(out, live)
+        scheduler.update_from_output(out, model_output(out, live))
+        for rid, req in list(live.items()):
+            if req.is_finished():
+                del live[rid]
+                s, k = rid.split("/")
+                res.outputs[rid] = list(req.output_token_ids)
+                history[s] = list(req.all_token_ids)
+                nxt[s] = int(k) + 1
+                if nxt[s] < len(sessions[s]):
+                    submit(s)
+        res.steps += 1
+    assert not live, f"requests still running after {max_steps} steps: {sorted(live)}"
+    return res
