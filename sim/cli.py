@@ -25,7 +25,7 @@ from hybridcache.sim.vllm_native import unavailable_reason
 
 DEMO_MODEL = "kimi-linear-48b"
 DEMO_CAPACITIES = "1GiB,2GiB,4GiB,8GiB,16GiB"
-DEMO_REQUESTS = 240
+DEMO_REQUESTS = 120
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -78,7 +78,7 @@ def plot(doc: dict, path: str | Path, title: str | None = None) -> None:
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     ax.set_title(title or f"{doc['model']}: {Path(str(doc['trace'])).name}", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

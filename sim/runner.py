@@ -8,8 +8,11 @@ document of the issue (``trace``, ``model``, ``requests``, ``prompt_tokens``, ``
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing as mp
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import ExitStack
 
 from tqdm import tqdm
 
@@ -22,7 +25,7 @@ from hybridcache.sim.traces import Trace
 
 #: Marconi tunes alpha by replaying this fraction of the trace (at least MIN requests).
 TUNE_FRACTION = 0.15
-TUNE_MIN_REQUESTS = 200
+TUNE_MIN_REQUESTS = 50
 
 
 def default_unit(trace: Trace) -> int:
@@ -35,7 +38,7 @@ def tune_marconi(
     trace: Trace, setup: PolicySetup, capacity: int, digests: BlockDigests | None
 ) -> float:
     """Marconi's alpha: the best token hit rate over a replay of the first part of the trace."""
-    n = min(len(trace.requests), max(TUNE_MIN_REQUESTS, int(len(trace.requests) * TUNE_FRACTION)))
+    n = max(int(len(trace.requests) * TUNE_FRACTION), min(TUNE_MIN_REQUESTS, len(trace.requests)))
     best_alpha, best = MARCONI_ALPHAS[0], -1.0
     for alpha in MARCONI_ALPHAS:
         cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
@@ -95,13 +98,27 @@ def sweep(
             _check_capacity(s, cap)
     digests = BlockDigests(trace) if trace.block_tokens else None
     total = len(setups) * len(capacities) * len(trace.requests)
-    results: list[dict[str, object]] = []
-    with tqdm(total=total, desc="replay", unit="req", file=sys.stderr, disable=not progress,
-              dynamic_ncols=True, leave=False) as bar:
+    results: dict[tuple[str, int], dict[str, object]] = {}
+    native = [s for s in setups if s.native]
+    with ExitStack() as stack:
+        bar = stack.enter_context(tqdm(total=total, desc="replay", unit="req", file=sys.stderr,
+                                       disable=not progress, dynamic_ncols=True, leave=False))
+        futures = {}
+        if native:
+            # vLLM takes ~10-20 s to import: replay it in a second process meanwhile.
+            pool = stack.enter_context(ProcessPoolExecutor(1, mp_context=_mp_context()))
+            futures = {(s.name, cap): pool.submit(_run_native, trace, s, cap)
+                       for s in native for cap in capacities}
         for s in setups:
             for cap in capacities:
+                if s.native:
+                    continue
                 bar.set_postfix_str(f"{s.name} @ {format_bytes(cap)}")
-                results.append(run_one(trace, s, cap, digests, bar).as_json())
+                results[(s.name, cap)] = run_one(trace, s, cap, digests, bar).as_json()
+        for key, fut in futures.items():
+            bar.set_postfix_str(f"{key[0]} @ {format_bytes(key[1])}")
+            results[key] = fut.result()
+            bar.update(len(trace.requests))
     return {
         "trace": trace.path,
         "model": model,
@@ -109,8 +126,18 @@ def sweep(
         "prompt_tokens": trace.prompt_tokens,
         "skipped_lines": trace.skipped,
         "hash_unit": unit,
-        "results": results,
+        "results": [results[(s.name, cap)] for s in setups for cap in capacities],
     }
+
+
+def _mp_context() -> mp.context.BaseContext:
+    """``fork`` where it exists (the worker inherits what is already imported), else spawn."""
+    return mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+
+
+def _run_native(trace: Trace, setup: PolicySetup, capacity: int) -> dict[str, object]:
+    """Worker-process entry of a vllm-native replay (module-level so that it pickles)."""
+    return run_one(trace, setup, capacity).as_json()
 
 
 def _check_capacity(setup: PolicySetup, capacity: int) -> None:
