@@ -79,3 +79,20 @@ def test_presets_lists_sizes(capsys):
     out = capsys.readouterr().out
     line = next(x for x in out.splitlines() if x.startswith("kimi-linear-48b"))
     assert "8,064" in line and "41.41MiB" in line
+
+
+def test_all_policies_on_a_block_trace_skips_vllm_native(tmp_path, capsys):
+    trace = tmp_path / "m.jsonl"
+    rows = [(1500, [1, 2, 3]), (2048, [1, 2, 4, 5]), (1100, [1, 2, 6]), (3000, [1, 2, 4, 5, 7, 8])]
+    trace.write_text("".join(json.dumps({"timestamp": i, "input_length": n, "output_length": 3,
+                                         "hash_ids": ids}) + "\n" for i, (n, ids) in enumerate(rows)))
+    out = tmp_path / "r.json"
+    assert main(["run", "--trace", str(trace), "--model", "kimi-linear-48b", "--capacity", "4GiB",
+                 "--json", str(out), "--no-progress"]) == 0
+    assert "skipping vllm-native replays token traces only" in capsys.readouterr().err
+    doc = json.loads(out.read_text())
+    assert [r["policy"] for r in doc["results"]] == [
+        "hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only"]
+    assert doc["hash_unit"] == 512
+    kv = doc["results"][-1]
+    assert kv["hit_tokens"] == 1024 + 1024 + 2048  # worked out in test_mooncake
