@@ -71,6 +71,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
                    mamba_cache_mode: str = "align") -> Any:
     """A scheduler over a hand-built hybrid ``KVCacheConfig`` (1 GDN group, 1 attention group)."""
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         KVCacheConfig,
@@ -92,7 +93,8 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         additional_config=additional_config or {},
     )
     mamba = MambaSpec(block_size=BLOCK, shapes=((4, 130), (1, 128, 128)),
-                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode=mamba_cache_mode)
+                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode=mamba_cache_mode,
+                      mamba_type=MambaAttentionBackendEnum.GDN_ATTN)
     attn = FullAttentionSpec(block_size=BLOCK, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks,
