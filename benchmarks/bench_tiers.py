@@ -13,7 +13,8 @@ free loopback port and measures, for the same bytes:
 Puts write *new* keys in every run on both sides, as caching new prefixes does (the tier
 never overwrites chunks in place); each run's keys are deleted untimed after it, so Redis
 memory stays at a steady state. The variants run *interleaved* (raw, tier, raw, tier...), so
-that a busy machine slows them alike, and each figure is the median over ``--reps`` runs.
+that a busy machine slows them alike (the order rotates every round), and each figure is
+the median over ``--reps`` runs.
 The ratio divides RedisTier's throughput by the best raw variant: the limit of redis-py.
 
 Run: ``python benchmarks/bench_tiers.py [--entries 8] [--reps 7] [--json out.json]``.
@@ -90,8 +91,11 @@ ALL_RUNS: dict[str, list[float]] = {}
 def interleaved(cases: dict[str, Case], nbytes: int, reps: int, op: str = "") -> dict[str, float]:
     """Median GB/s (10^9 B/s) of each case, the cases taking turns in every round."""
     rates: dict[str, list[float]] = {name: [] for name in cases}
+    names = list(cases)
     for rep in range(reps):
-        for name, (run, cleanup) in cases.items():
+        # Rotate the order every round, so no case always follows the same one.
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:
+            run, cleanup = cases[name]
             start = time.perf_counter()
             run(rep)
             rates[name].append(nbytes / (time.perf_counter() - start) / 1e9)

@@ -36,14 +36,22 @@ def _round_trip(tier, tenant: str = "alice", n: int = 30) -> None:
 
 # ---------------------------------------------------------------------- ACL
 
+#: The least a RedisTier needs (as docs/tiers.md lists it): tier commands, then the Lua ones.
+MINIMAL_ACL = (
+    "+ping +get +set +getdel +mget +unlink +exists +evalsha +script|load +zrange "
+    "+time +zrangebyscore +zadd +zrem +hget +hset +hdel +hincrby"
+)
+
 
 @pytest.fixture
 def acl_users(redis_url, redis_server):
     r = redis_server.client()
     r.execute_command("ACL", "SETUSER", "hc_engine", "on", ">engine-pw", "~hc:*", "+@all")
     r.execute_command("ACL", "SETUSER", "alice_engine", "on", ">alice-pw", "~hc:alice:*", "+@all")
+    r.execute_command("ACL", "SETUSER", "hc_minimal", "reset", "on", ">min-pw", "~hc:*",
+                      "resetchannels", *MINIMAL_ACL.split())  # fmt: skip
     yield redis_server.port
-    r.execute_command("ACL", "DELUSER", "hc_engine", "alice_engine")
+    r.execute_command("ACL", "DELUSER", "hc_engine", "alice_engine", "hc_minimal")
 
 
 def test_acl_user_and_password_from_the_url(acl_users, make_tier):
@@ -52,6 +60,19 @@ def test_acl_user_and_password_from_the_url(acl_users, make_tier):
     _round_trip(tier)
     assert tier.usage("alice") > 0  # the quota script ran under the ACL user too
     assert "engine-pw" not in tier.name
+
+
+def test_minimal_acl_of_the_docs_is_enough(acl_users, make_tier, redis_server):
+    url = f"redis://hc_minimal:min-pw@127.0.0.1:{acl_users}"
+    tier = make_tier(url, limits=TenantLimits(default_quota=1 << 20))
+    _round_trip(tier)
+    assert tier.reconcile_quota("alice") == 0
+    k = key("alice", 3)  # corrupt one chunk: the conditional drop (Lua) runs under the ACL
+    name = tier.codec.entry_key(k)
+    r = redis_server.client()
+    r.setrange(f"{name}:{r.get(name)[:16].decode()}:0", 5, b"xx")
+    assert tier.get(k) is None
+    assert tier.stats().corrupt == 1 and tier.stats().errors == 0
 
 
 def test_acl_user_from_keyword_arguments(acl_users, make_tier):
