@@ -104,9 +104,10 @@ class PrefixIndex:
     # ------------------------------------------------------------------ holding
     def hold_kv(self, node: Node) -> None:
         """A request now uses ``node``'s pages: they cannot be evicted."""
-        if node.kv_ref == 0 and node.pages:
-            self.kv_q.discard(node)
-            self._count_evictable(node.pages, -1)
+        if node.kv_ref == 0 and node.pages is not None:
+            self.kv_q.discard(node)  # also for () pages (pure-state models): held = not evictable
+            if node.pages:
+                self._count_evictable(node.pages, -1)
         node.kv_ref += 1
 
     def release_kv(self, node: Node, tick: int) -> None:
@@ -125,7 +126,7 @@ class PrefixIndex:
         for node in nodes:
             if node.kv_ref == 0:
                 pages = node.pages
-                if pages:
+                if pages is not None:
                     discard(node)
                     for p in pages:
                         ev[p // ppb] -= 1
