@@ -16,7 +16,7 @@ from pathlib import Path
 from hybridcache.errors import HybridCacheError
 from hybridcache.presets import get_preset, preset_names
 from hybridcache.sim.generate import KINDS, generate
-from hybridcache.sim.policies import parse_policies
+from hybridcache.sim.policies import not_applicable, parse_policies
 from hybridcache.sim.report import format_summary, plot, write_json
 from hybridcache.sim.runner import sweep
 from hybridcache.sim.sizes import format_bytes, parse_sizes
@@ -78,13 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _sweep_and_report(trace: Trace, args: argparse.Namespace, hash_unit: int | None) -> dict:
     policies = parse_policies(args.policy)
-    if args.policy.strip() == "all" and "vllm-native" in policies:
-        reason = unavailable_reason(trace)
-        if reason:
-            policies.remove("vllm-native")
-            print(f"note: skipping {reason}", file=sys.stderr)
     caps = parse_sizes(args.capacity)
-    get_preset(args.model)  # fail on a bad name before reading anything else
+    spec = get_preset(args.model)  # fail on a bad name before replaying anything
+    if args.policy.strip() == "all":
+        for name in list(policies):
+            reason = not_applicable(name, spec)
+            if reason is None and name == "vllm-native":
+                reason = unavailable_reason(trace)
+            if reason:
+                policies.remove(name)
+                print(f"note: skipping {reason}", file=sys.stderr)
     doc = sweep(trace, args.model, policies, caps, hash_unit=hash_unit, progress=not args.no_progress)
     print(format_summary(doc))
     return doc

@@ -78,6 +78,15 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def not_applicable(name: str, spec: ModelSpec) -> str | None:
+    """Why policy ``name`` cannot model ``spec`` (``None`` when it can)."""
+    if name == "kv-only" and not spec.attention_groups:
+        return f"kv-only: {spec.name!r} has no attention layers"
+    if name == "vllm-native" and not (spec.attention_groups and spec.state_groups):
+        return f"vllm-native: models hybrid attention + state models only, not {spec.name!r}"
+    return None
+
+
 def round_up(n: int, unit: int) -> int:
     return max(unit, -(-n // unit) * unit)
 
@@ -153,6 +162,9 @@ def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
     if name == "marconi":
         cfg = CacheConfig(hash_unit=unit, admission="last-token+branch-point", eviction="marconi")
         return PolicySetup(name, spec, cfg, tune_marconi=True)
+    reason = not_applicable(name, spec)
+    if reason:
+        raise UnknownNameError(reason)
     if name == "kv-only":
         return PolicySetup(name, stateless(spec), CacheConfig(hash_unit=unit, admission="none", eviction="lru"))
     if name == "vllm-native":

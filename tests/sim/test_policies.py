@@ -136,3 +136,17 @@ def test_requests_too_big_for_the_cache_count_as_misses(kimi):
     # 256 MiB holds a few snapshots but not 40,000 tokens of KV (~323 MB): both rejected.
     res = replay(t, kimi, 256 << 20, build_policy("hybridcache", kimi, 16).config, "hybridcache")
     assert res.rejected_requests == 2 and res.prompt_tokens == 80000 and res.token_hit_rate == 0.0
+
+
+def test_pure_state_model_under_eviction_pressure():
+    """Mamba2 has no KV pages (every node's pages are ``()``): a node a request holds must
+    still leave the eviction queue, or a later eviction picks it while it is in use."""
+    from hybridcache.presets import get_preset
+    from hybridcache.sim.generate import generate
+    from hybridcache.sim.traces import Trace
+
+    spec = get_preset("mamba2-2.7b")
+    t = Trace("<agent>", "tokens", generate("agent", 30, seed=2, tenants=2))
+    for name in ("sglang-extra", "hybridcache"):
+        r = run_one(t, build_policy(name, spec, 16), 1 << 30)
+        assert r.evictions > 0 and 0 < r.token_hit_rate < 1
