@@ -301,6 +301,11 @@ class RedisTier(Tier):
         """Writer thread: reserve quota, write the batch, then clear the pending entries."""
         try:
             out = self._call(lambda c: self._write_now(c, jobs))
+        except Exception:  # a bug, not an outage: never let it reach the engine
+            _log.exception("%s: writing a batch of %d failed", self.name, len(jobs))
+            self._counters.add(errors=1)
+            out = UNAVAILABLE
+        try:
             if out is UNAVAILABLE:
                 self._counters.add(dropped_writes=sum(1 for j in jobs if j.op == "put"))
         finally:

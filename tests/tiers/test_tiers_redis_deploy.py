@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 import redis
-from conftest import RedisServer, free_port
-from tiers_testlib import assert_same, entry_for, key
+from tiers_testlib import RedisServer, assert_same, entry_for, free_port, key
 
 from hybridcache.tiers import TenantLimits
 

@@ -6,8 +6,7 @@ import logging
 
 import numpy as np
 import pytest
-from conftest import RedisServer, free_port
-from tiers_testlib import assert_same, entry_for, key, poll
+from tiers_testlib import RedisServer, assert_same, entry_for, free_port, key, poll
 
 from hybridcache.tiers import Entry
 
