@@ -294,6 +294,16 @@ class HybridCacheManager:
                 continue
             if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
                 continue
+            if rolling and req.draft_slots:
+                # Inside a speculative step the boundary may be rejected: write it to a
+                # fresh slot so the last accepted turn-end state survives until accept().
+                s = self.index.alloc_slot()
+                if s is None:
+                    self.metrics.snapshots_skipped += 1
+                    continue
+                req.pending_rolling = (b, s)
+                out.append(SavePoint(b, s))
+                continue
             if rolling:
                 if req.rolling_slot < 0:
                     s = self.index.alloc_slot()
@@ -431,6 +441,11 @@ class HybridCacheManager:
                 f"request {request_id!r}: num_accepted must be in [1, {n_step}], got {num_accepted}"
             )
         drafts = req.draft_slots
+        if num_accepted < n_step and not drafts and self.has_state:
+            raise InvalidRequestError(
+                f"request {request_id!r}: rolling back recurrent state needs draft slots "
+                "(allocate with num_draft)"
+            )
         if num_accepted < n_step and drafts:
             keep = drafts[num_accepted - 1]
             drafts[num_accepted - 1] = req.slot
@@ -442,8 +457,16 @@ class HybridCacheManager:
         for b in [b for b in req.saves if b > end]:
             self.arena.free_slot(req.saves.pop(b))
             self.metrics.snapshots_rejected += 1
-        if req.rolling_boundary > end:
-            req.rolling_boundary = -1
+        if req.pending_rolling is not None:
+            b, s = req.pending_rolling
+            req.pending_rolling = None
+            if b <= end:
+                if req.rolling_slot >= 0:
+                    self.arena.free_slot(req.rolling_slot)
+                req.rolling_slot, req.rolling_boundary = s, b
+            else:
+                self.arena.free_slot(s)
+                self.metrics.snapshots_rejected += 1
         req.num_allocated = end
         keep_units = max(-(-end // self.unit), len(req.nodes))
         for t in req.pages:
@@ -467,6 +490,8 @@ class HybridCacheManager:
             self.arena.free_slot(s)
         for s in req.saves.values():
             self.arena.free_slot(s)
+        if req.pending_rolling is not None:
+            self.arena.free_slot(req.pending_rolling[1])
         rb = req.rolling_boundary
         if req.rolling_slot >= 0:
             if finished and 0 < rb <= min(req.num_computed, req.num_tokens):

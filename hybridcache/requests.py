@@ -22,7 +22,7 @@ class Request:
     __slots__ = (
         "id", "hasher", "tenant", "num_tokens", "prompt_len", "allocated", "counted",
         "nodes", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
-        "rolling_slot", "rolling_boundary", "restore", "hit_tokens", "kv_hit_tokens",
+        "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks",
     )
 
@@ -47,6 +47,7 @@ class Request:
         self.saves: dict[int, int] = {}
         self.rolling_slot = -1
         self.rolling_boundary = -1
+        self.pending_rolling: tuple[int, int] | None = None
         self.restore: Node | None = None
         self.hit_tokens = 0
         self.kv_hit_tokens = 0

@@ -226,3 +226,33 @@ def test_metrics_and_prometheus():
     text = met.prometheus(labels={"model": "tiny"})
     assert 'hybridcache_hit_tokens_total{model="tiny"} 20' in text
     assert "# TYPE hybridcache_token_hit_rate gauge" in text
+
+
+def test_turn_end_survives_a_rejected_speculative_boundary():
+    m = mgr(admission="turn-end")
+    m.add_request("a", [1, 2, 3, 4, 5, 6])
+    m.allocate("a", 6)
+    m.commit("a", 6)
+    for tok in (7, 8):  # plain decode: boundary 8 goes to the turn-end slot
+        m.allocate("a", 1)
+        m.append_tokens("a", [tok])
+        m.commit("a", m.requests["a"].num_tokens)
+    a = m.allocate("a", 4, num_draft=3)  # inputs 8..11 would reach boundary 12
+    assert [s.boundary for s in a.save_points] == [12]
+    assert a.save_points[0].slot != m.requests["a"].rolling_slot
+    m.accept("a", 1)  # only input 8 (token 9) is kept: 12 is rejected
+    m.append_tokens("a", [9])
+    m.commit("a", 9)
+    m.free("a")
+    res = m.add_request("b", [1, 2, 3, 4, 5, 6, 7, 8, 9, 10])
+    assert res.hit_tokens == 8  # the state at 8 was not overwritten by the rejected 12
+
+
+def test_rolling_back_state_without_draft_slots_is_refused():
+    m = mgr()
+    m.add_request("a", list(range(8)))
+    m.allocate("a", 8)
+    m.commit("a", 8)
+    m.allocate("a", 3)
+    with pytest.raises(InvalidRequestError, match="draft slots"):
+        m.accept("a", 1)

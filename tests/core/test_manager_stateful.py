@@ -201,6 +201,8 @@ class ManagerMachine(RuleBasedStateMachine):
                 pages.extend(t[len(req.nodes) : req.units_allocated])
                 pages.extend(t[i] for i in req.dup_pages)
             slots.extend(s for s in [req.slot, req.rolling_slot] if s >= 0)
+            if req.pending_rolling is not None:
+                slots.append(req.pending_rolling[1])
             slots.extend(req.draft_slots)
             slots.extend(req.saves.values())
         assert len(pages) == len(set(pages)) == m.arena.pages_in_use, "page leaked or shared"
