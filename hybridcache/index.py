@@ -198,13 +198,13 @@ class PrefixIndex:
         assert node.kv_ref == 0 and node.pages is not None
         self.kv_q.discard(node)
         pages = node.pages
-        node.pages = None
         if pages:
             self._count_evictable(pages, -1)
         for p in pages:
             del self.page_owner[p]
             self.arena.free_page(p)
-        self._account("kv", node, self.node_kv_bytes)
+        self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
+        node.pages = None
         if node.snap < 0:
             del self.nodes[node.digest]
 
@@ -212,14 +212,20 @@ class PrefixIndex:
         """Drop ``node``'s snapshot (it must be unpinned)."""
         assert node.snap_ref == 0 and node.snap >= 0
         self.snap_q.discard(node)
-        slot = node.snap
+        self.arena.free_slot(node.snap)
+        self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
-        self.arena.free_slot(slot)
-        self._account("state", node, self.snap_bytes)
         if node.pages is None:
             del self.nodes[node.digest]
 
     def _account(self, kind: str, node: Node, nbytes: int) -> None:
+        """Count an eviction and call ``on_evict(kind, node, nbytes)``.
+
+        The hook runs after the arena freed the entry and before the node forgets it:
+        ``node.pages`` / ``node.snap`` still name the freed pages / slot, whose bytes stay
+        intact until the hook returns (an offload tier copies them out here). The hook must
+        not call back into the index.
+        """
         self.evictions[kind] += 1
         self.evicted_bytes[kind] += nbytes
         self.tenant_bytes[node.tenant] -= nbytes
