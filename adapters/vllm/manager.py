@@ -399,13 +399,16 @@ class HybridKVCacheManager:
 
     def _held_blocks(self) -> int:
         ids: set[int] = set()
-        slots = 0
+        slots = dups = 0
         for tr in self._tracked.values():
             for gid in self.attn_ids:
                 ids.update(tr.tables[gid])
             mreq = self.manager.requests[tr.request.request_id]
             slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
-        return len(ids) + slots * self.slot_blocks
+            # A unit this request recomputed although another request had registered it
+            # meanwhile: the request keeps its page and holds the cached one too.
+            dups += len(mreq.dup_pages) * len(self.attn_ids)
+        return len(ids) + dups + slots * self.slot_blocks
 
     def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
         b = self.block_size

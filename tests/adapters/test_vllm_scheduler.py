@@ -187,3 +187,47 @@ def test_policy_settings_reach_the_manager(model_dir):
     )
     cfg = sched.kv_cache_manager.manager.config
     assert (cfg.eviction, cfg.admission, cfg.hash_unit) == ("lru", "last-token", h.BLOCK)
+
+
+DEFAULT_ADMISSION = "last-token+turn-end+branch-point"
+
+
+def random_stream(seed: int) -> tuple[dict[str, list[h.Turn]], dict]:
+    """Random sessions around a shared prefix whose length straddles block boundaries."""
+    rng = random.Random(seed)
+    b = h.BLOCK
+    shared = _tokens(rng, rng.choice([b - 1, b, b + 1, 2 * b, 150, 3 * b + 5]))
+    sessions = {}
+    for i in range(rng.randint(2, 7)):
+        first = (shared if rng.random() < 0.7 else []) + _tokens(rng, rng.randint(1, 200))
+        turns = [h.Turn(first, rng.randint(1, 70))]
+        turns += [h.Turn(_tokens(rng, rng.randint(1, 150)), rng.randint(1, 70))
+                  for _ in range(rng.randint(0, 3))]
+        sessions[f"s{i}"] = turns
+    kw = dict(
+        num_blocks=rng.choice([24, 40, 80, 400]),
+        max_batched=rng.choice([64, 100, 1024]),
+        additional_config={"hybridcache": {
+            "admission": rng.choice([DEFAULT_ADMISSION, DEFAULT_ADMISSION + "+interval:128",
+                                     "last-token", "chunk-end+turn-end"]),
+            "eviction": rng.choice(["value", "lru", "marconi"]),
+        }},
+    )
+    return sessions, kw
+
+
+@pytest.mark.parametrize("seed", [3, 7, 10, 13, 14, 17, 18, 22])
+def test_random_streams_are_served_correctly(model_dir, seed):
+    """Every block checked by the simulated worker, under pressure and any policy."""
+    sessions, kw = random_stream(seed)
+    native = h.make_scheduler(model_dir, Scheduler, num_blocks=kw["num_blocks"],
+                              max_batched=kw["max_batched"])
+    res_n = h.drive(native, sessions)
+    ours = h.make_scheduler(model_dir, HybridCacheScheduler, **kw)
+    res_o = h.drive(ours, sessions)
+    assert_native_clean(native)
+    assert_ours_clean(ours)
+    assert res_o.outputs == res_n.outputs
+    policy = kw["additional_config"]["hybridcache"]["admission"]
+    if policy.startswith(DEFAULT_ADMISSION) and kw["num_blocks"] >= 80:
+        assert sum(res_o.hits.values()) >= sum(res_n.hits.values())
