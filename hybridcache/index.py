@@ -25,14 +25,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridcache.arena import Arena
+from hybridcache.arena import KV, Arena
 from hybridcache.policy import (
     Clock,
     EvictionQueue,
     LRUQueue,
     MarconiQueue,
     ValueQueue,
-    marconi_victim,
+    marconi_ranking,
 )
 
 Digest = bytes
@@ -81,6 +81,9 @@ class PrefixIndex:
         self.page_owner: dict[int, Node] = {}
         self._evictable_pages = [0] * arena.layout.num_blocks
         self._ppb = max(arena.layout.pages_per_block, 1)
+        # KV slabs that became fully evictable, oldest first; validated lazily when used.
+        self._idle_slabs: dict[int, None] = {}
+        self._marconi_ranked: list[tuple[str, Node]] = []
         self.marconi_alpha = marconi_alpha
         self.marconi_window = marconi_window
         self.on_evict = on_evict
@@ -118,6 +121,11 @@ class PrefixIndex:
         if node.kv_ref == 0 and node.pages is not None:
             if node.pages:
                 self._count_evictable(node.pages, +1)
+                for p in node.pages:
+                    b = p // self._ppb
+                    if self._evictable_pages[b] == self.arena.block_used(b):
+                        self._idle_slabs.pop(b, None)
+                        self._idle_slabs[b] = None
             self.kv_q.add(node, tick, node.kv_flops, self.node_kv_bytes, node.kv_hits)
 
     def hold_path(self, nodes: list[Node]) -> None:
@@ -136,13 +144,18 @@ class PrefixIndex:
         """:meth:`release_kv` for every node, deepest first: under LRU the tail of a
         prefix is then evicted before its head."""
         ev, ppb, add, nbytes = self._evictable_pages, self._ppb, self.kv_q.add, self.node_kv_bytes
+        used, idle = self.arena.block_used, self._idle_slabs
         for node in reversed(nodes):
             node.kv_ref -= 1
             if node.kv_ref == 0:
                 pages = node.pages
                 if pages is not None:
                     for p in pages:
-                        ev[p // ppb] += 1
+                        b = p // ppb
+                        ev[b] += 1
+                        if ev[b] == used(b):
+                            idle.pop(b, None)
+                            idle[b] = None
                     add(node, tick, node.kv_flops, nbytes, node.kv_hits)
             elif node.kv_ref < 0:
                 raise AssertionError(f"negative kv_ref on {node}")
@@ -232,13 +245,27 @@ class PrefixIndex:
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 
-    def _choose(self) -> tuple[str, Node] | None:
-        if self.eviction == "marconi":
-            return marconi_victim(
+    def _marconi_next(self) -> tuple[str, Node] | None:
+        """Next entry of the cached Marconi ranking that is still evictable, re-ranking
+        when the ranking is used up."""
+        for _ in range(2):
+            ranking = self._marconi_ranked
+            while ranking:
+                kind, node = ranking.pop()
+                q = self.kv_q if kind == "kv" else self.snap_q
+                if node in q.eff:  # type: ignore[attr-defined]
+                    return kind, node
+            ranked = marconi_ranking(
                 {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
                 self.marconi_alpha,
                 self.marconi_window,
             )
+            self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
+        return None
+
+    def _choose(self) -> tuple[str, Node] | None:
+        if self.eviction == "marconi":
+            return self._marconi_next()
         a = self.kv_q.peek()
         b = self.snap_q.peek()
         if a is None and b is None:
@@ -273,19 +300,26 @@ class PrefixIndex:
         return True
 
     def _idle_slab(self, first: Node) -> int | None:
-        """A KV slab whose pages are all evictable, looked for among the next victims.
+        """A KV slab whose pages are all evictable: the victim's own, else the slab that
+        became idle longest ago.
 
         A state slot needs a whole empty block; evicting the victims one by one would
-        scatter the damage over slabs that a running request keeps pinned anyway.
+        scatter the damage over slabs that a running request keeps pinned anyway. Idle
+        slabs are recorded when their last page becomes evictable and re-checked here
+        (a page allocated or held since then makes the entry stale), so this is O(1)
+        amortised.
         """
-        ppb = self.arena.layout.pages_per_block
-        used = self.arena.block_used
-        for node in [first, *self.kv_q.candidates(self.marconi_window)]:
-            pages = node.pages  # type: ignore[attr-defined]
-            if pages:
-                block = pages[0] // ppb
-                if self._evictable_pages[block] == used(block):
-                    return block
+        ppb, used, ev = self._ppb, self.arena.block_used, self._evictable_pages
+        kinds = self.arena.block_kind
+        block = first.pages[0] // ppb  # type: ignore[index]
+        if ev[block] == used(block):
+            return block
+        idle = self._idle_slabs
+        while idle:
+            b = next(iter(idle))
+            del idle[b]
+            if kinds(b) == KV and 0 < used(b) == ev[b]:
+                return b
         return None
 
     def _pop(self, q: EvictionQueue, node: Node) -> None:

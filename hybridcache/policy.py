@@ -246,29 +246,31 @@ class MarconiQueue(LRUQueue):
         return item
 
 
-def marconi_victim(
-    queues: dict[str, MarconiQueue], alpha: float, window: int
-) -> tuple[str, object] | None:
-    """Lowest Marconi utility among the ``window`` oldest entries of each queue."""
+def marconi_ranking(
+    queues: dict[str, MarconiQueue], alpha: float, window: int, keep: int = 8
+) -> list[tuple[str, object]]:
+    """The ``keep`` lowest-utility entries among the ``window`` oldest of each queue,
+    lowest first (Marconi's utility, min-max normalised over those candidates).
+
+    The caller evicts from this ranking until it runs out or an entry turns stale, so the
+    candidate scan is paid once per ``keep`` evictions instead of once per eviction.
+    """
     cands: list[tuple[str, object, int, float]] = []
     for kind, q in queues.items():
         for item, tick in q.oldest(window):
             cands.append((kind, item, tick, q.eff[item]))
     if not cands:
-        return None
+        return []
     ticks = [c[2] for c in cands]
     effs = [c[3] for c in cands]
     t0, t1 = min(ticks), max(ticks)
     e0, e1 = min(effs), max(effs)
-    best = None
-    best_u = float("inf")
-    for kind, item, tick, eff in cands:
+    scored = []
+    for i, (kind, item, tick, eff) in enumerate(cands):
         rec = (tick - t0) / (t1 - t0) if t1 > t0 else 1.0
         ne = (eff - e0) / (e1 - e0) if e1 > e0 else 1.0
-        u = alpha * ne + rec
-        if u < best_u:
-            best_u, best = u, (kind, item)
-    return best
+        scored.append((alpha * ne + rec, i, kind, item))
+    return [(kind, item) for _, _, kind, item in heapq.nsmallest(keep, scored)]
 
 
 def check_eviction_name(name: str) -> str:

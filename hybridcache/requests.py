@@ -6,6 +6,8 @@ this file as the data it walks over.
 
 from __future__ import annotations
 
+import bisect
+
 from hybridcache.hashing import TokenHasher
 from hybridcache.index import Node
 from hybridcache.policy import AdmissionPolicy
@@ -58,11 +60,11 @@ class Request:
 
     def last_snapshot_boundary(self, boundary: int) -> int:
         """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""
-        best = self.hit_tokens if self.hit_tokens < boundary else 0
-        for b in self.snap_marks:
-            if best < b < boundary:
-                best = b
-        self.snap_marks.append(boundary)
+        marks = self.snap_marks
+        i = bisect.bisect_left(marks, boundary)
+        best = max(self.hit_tokens if self.hit_tokens < boundary else 0, marks[i - 1] if i else 0)
+        if i == len(marks) or marks[i] != boundary:
+            marks.insert(i, boundary)
         return best
 
 
