@@ -47,6 +47,7 @@ from hybridcache.errors import OutOfSpaceError
 from hybridcache.hashing import MultiModalItem
 from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
 from hybridcache.requests import admission_points
+from hybridcache.spec import FlopModel
 
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
 
@@ -146,17 +147,14 @@ class HybridKVCacheManager:
         self.attn_ids, self.mamba_ids = group_roles(kv_cache_config)
         self.num_groups = len(kv_cache_config.kv_cache_groups)
         self.num_blocks = kv_cache_config.num_blocks
-        flops = flop_model_from_hf(hf_config, 0, 0) if hf_config is not None else None
-        n_layers = [len(kv_cache_config.kv_cache_groups[i].layer_names) for i in self.attn_ids]
-        n_state = [len(kv_cache_config.kv_cache_groups[i].layer_names) for i in self.mamba_ids]
-        if flops is not None:
-            flops = dataclasses.replace(
-                flops, num_attention_layers=sum(n_layers), num_recurrent_layers=sum(n_state)
-            )
-        else:
-            from hybridcache.spec import FlopModel
-
-            flops = FlopModel(1024, sum(n_layers), sum(n_state))
+        groups = kv_cache_config.kv_cache_groups
+        n_attn = sum(len(groups[i].layer_names) for i in self.attn_ids)
+        n_state = sum(len(groups[i].layer_names) for i in self.mamba_ids)
+        flops = (
+            flop_model_from_hf(hf_config, n_attn, n_state)
+            if hf_config is not None
+            else FlopModel(1024, n_attn, n_state)
+        )
         self.spec = pool_spec(kv_cache_config, flops=flops, max_model_len=max_model_len)
         cfg = dataclasses.replace(config or CacheConfig(), hash_unit=self.block_size, alignment=1)
         self.manager = HybridCacheManager(self.spec, self.num_blocks * self.block_size, cfg)

@@ -101,6 +101,13 @@ def test_sessions_and_branches_hit_more_than_native(model_dir):
             assert res_o.hits[rid] >= res_n.hits[rid], rid
 
 
+def test_several_state_groups_share_one_slot(model_dir):
+    """Three GDN groups: one slot is three vLLM blocks, pages and slots never overlap."""
+    res_n, res_o = run_both(model_dir, chat_and_documents(5), num_blocks=120, mamba_groups=3)
+    assert sum(res_o.hits.values()) >= sum(res_n.hits.values())
+    res_n, res_o = run_both(model_dir, chat_and_documents(6), num_blocks=40, mamba_groups=3)
+
+
 def test_memory_pressure_completes_without_leaks(model_dir):
     res_n, res_o = run_both(model_dir, chat_and_documents(1), num_blocks=20)
     assert sum(res_o.hits.values()) >= sum(res_n.hits.values())

@@ -68,8 +68,12 @@ def write_config_dir(path: Path) -> Path:
 
 def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max_num_seqs: int = 8,
                    max_batched: int = 1024, additional_config: dict | None = None,
-                   mamba_cache_mode: str = "align") -> Any:
-    """A scheduler over a hand-built hybrid ``KVCacheConfig`` (1 GDN group, 1 attention group)."""
+                   mamba_cache_mode: str = "align", mamba_groups: int = 1) -> Any:
+    """A scheduler over a hand-built hybrid ``KVCacheConfig``.
+
+    ``mamba_groups`` GDN groups (vLLM splits many recurrent layers into several groups of
+    one block table each) and one attention group.
+    """
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
     from vllm.v1.kv_cache_interface import (
@@ -100,9 +104,8 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         num_blocks=num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[
-            KVCacheGroupSpec(["layers.0.linear_attn", "layers.2.linear_attn"], mamba),
-            KVCacheGroupSpec(["layers.1.self_attn", "layers.3.self_attn"], attn),
-        ],
+            KVCacheGroupSpec([f"layers.{2 * g}.linear_attn"], mamba) for g in range(mamba_groups)
+        ] + [KVCacheGroupSpec(["layers.1.self_attn", "layers.3.self_attn"], attn)],
         # As vLLM's engine builds it: sparse Mamba retention (the CacheConfig default 0),
         # hashing at the block size.
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
@@ -166,8 +169,27 @@ class SimWorker:
             elif new is not None:
                 for t, extra in zip(self.tables[rid], new):
                     t.extend(extra)
+        self._check_disjoint(out, requests)
         for rid, n in out.num_scheduled_tokens.items():
             self._run(rid, requests[rid], n)
+
+    def _check_disjoint(self, out: Any, requests: dict[str, Any]) -> None:
+        """Blocks written this step: a running state block is nobody's KV page, nor shared."""
+        pages: set[int] = set()
+        states: dict[int, str] = {}
+        bs = self.block_size
+        for rid, n in out.num_scheduled_tokens.items():
+            table = self.tables[rid]
+            end = requests[rid].num_computed_tokens
+            for g in self.attn_groups:
+                pages.update(b for b in table[g][: -(-end // bs)])
+            for g in self.mamba_groups:
+                b = table[g][(end - 1) // bs]
+                assert b != 0, f"{rid}: running state in the null block"
+                assert b not in states, f"{rid} and {states.get(b)} compute in block {b}"
+                states[b] = rid
+        both = pages & set(states)
+        assert not both, f"blocks {sorted(both)} are both KV pages and running states"
 
     def _copy(self, src: int, dst: int) -> None:
         for pos in range(self.block_size):
