@@ -178,7 +178,7 @@ class SimWorker:
         pages: set[int] = set()
         states: dict[int, str] = {}
         bs = self.block_size
-        for rid, n in out.num_scheduled_tokens.items():
+        for rid in out.num_scheduled_tokens:
             table = self.tables[rid]
             end = requests[rid].num_computed_tokens
             for g in self.attn_groups:
