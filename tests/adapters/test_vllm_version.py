@@ -90,3 +90,15 @@ def test_entry_point_is_declared_for_vllm_plugins():
 
     eps = {ep.name: ep.value for ep in entry_points(group="vllm.general_plugins")}
     assert eps.get("hybridcache") == "hybridcache.adapters.vllm.plugin:register"
+
+
+@pytest.mark.skipif(not HAS_VLLM, reason="needs vLLM installed")
+def test_vllm_loads_and_calls_the_plugin():
+    r = _run(
+        "from vllm.plugins import load_plugins_by_group\n"
+        "plugins = load_plugins_by_group('vllm.general_plugins')\n"
+        "plugins['hybridcache']()\n"
+        "print('LOADED', sorted(plugins))\n"
+    )
+    assert r.returncode == 0, r.stderr
+    assert "hybridcache" in r.stdout and "Failed to load plugin" not in r.stderr
