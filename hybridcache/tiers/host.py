@@ -14,6 +14,11 @@ bounded. Design choices and why:
   out another tenant's entries; an entry larger than its quota is refused.
 * **TTLs** (per tenant, or per put for sessions) expire lazily on every operation through a
   heap of deadlines, so there is no background thread.
+* **Spilling**: ``on_evict(key, entry, ttl_left_s, priority)``, if given, receives every
+  entry evicted for room (capacity or quota; not expiry, delete or replacement), after the
+  lock is released and in the thread whose put evicted it, so a stack of tiers can demote
+  host memory's victims to Redis instead of losing them. The entry's pieces are zero-copy
+  views of the evicted buffer, which they keep alive.
 
 The byte budget counts what the tier holds (aligned payload + header). Returned views keep
 an evicted entry's buffer alive until the caller drops them; that memory is the caller's.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,6 +44,7 @@ from hybridcache.tiers.keys import EntryKey
 from hybridcache.tiers.limits import TenantLimits
 
 _ALIGN = 64
+_log = logging.getLogger("hybridcache.tiers.host")
 
 
 @dataclass(eq=False)
@@ -65,6 +72,8 @@ class HostTier(Tier):
         verify_reads: check piece checksums on every ``get`` (off by default: the memory
             is the tier's own; turn on to catch callers writing into returned tensors).
         clock: monotonic seconds; injectable so TTL tests need no sleeping.
+        on_evict: called with ``(key, entry, ttl_left_s, priority)`` for each entry evicted
+            to make room (see the module notes); its exceptions are logged, never raised.
     """
 
     def __init__(
@@ -75,6 +84,7 @@ class HostTier(Tier):
         pin_memory: bool | None = None,
         verify_reads: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        on_evict: Callable[[EntryKey, Entry, float | None, float], None] | None = None,
     ) -> None:
         if (
             isinstance(capacity_bytes, bool)
@@ -89,6 +99,7 @@ class HostTier(Tier):
         self.pin_memory = torch.cuda.is_available() if pin_memory is None else bool(pin_memory)
         self.verify_reads = verify_reads
         self._clock = clock
+        self.on_evict = on_evict
         self._lock = threading.RLock()
         self._slots: dict[EntryKey, _Slot] = {}
         self._used = 0
@@ -117,13 +128,15 @@ class HostTier(Tier):
             return False
         storage, view, offsets = self._copy_in(encoded)
         header = parse_header(key, encoded.header)
+        victims: list[_Slot] = []
         with self._lock:
             now = self._clock()
             self._remove(key)
             self._expire(now)
             if quota is not None:
-                self._evict_until(self._tenant_lru.get(key.tenant, []), key.tenant, quota - size)
-            self._evict_until(self._lru, None, self.capacity_bytes - size)
+                heap = self._tenant_lru.get(key.tenant, [])
+                self._evict_until(heap, key.tenant, quota - size, victims)
+            self._evict_until(self._lru, None, self.capacity_bytes - size, victims)
             gen = next(self._ticks)
             slot = _Slot(
                 key=key,
@@ -140,6 +153,8 @@ class HostTier(Tier):
             )
             self._insert(slot)
         self._counters.add(puts=1, bytes_in=encoded.nbytes)
+        if victims and self.on_evict is not None:
+            self._spill(victims, now)
         return True
 
     def get_many(self, keys: Sequence[EntryKey]) -> list[Entry | None]:
@@ -257,7 +272,20 @@ class HostTier(Tier):
             self._tenant_lru.pop(tenant, None)
         return True
 
-    def _evict_until(self, heap: list, tenant: str | None, limit: int) -> None:
+    def _spill(self, victims: list[_Slot], now: float) -> None:
+        """Hand evicted entries to ``on_evict`` (outside the lock: it may write elsewhere)."""
+        for slot in victims:
+            chunks = [slot.view[o : o + n] for o, n in slot.offsets]
+            ttl_left = None if slot.expires_at is None else max(slot.expires_at - now, 1e-3)
+            try:
+                entry = decode(slot.key, slot.header, chunks, verify=False)
+                self.on_evict(slot.key, entry, ttl_left, slot.priority)  # type: ignore[misc]
+            except Exception:  # a spill target's bug must not fail this put
+                _log.exception("host tier: on_evict failed for an evicted entry")
+
+    def _evict_until(
+        self, heap: list, tenant: str | None, limit: int, victims: list[_Slot]
+    ) -> None:
         """Evict from ``heap`` (lowest priority, then oldest use) until usage <= ``limit``."""
 
         def used() -> int:
@@ -269,6 +297,7 @@ class HostTier(Tier):
             if slot is not None and slot.tick == tick:
                 self._remove(key)
                 self._counters.add(evictions=1)
+                victims.append(slot)
 
     def _expire(self, now: float) -> int:
         expired = 0

@@ -144,6 +144,39 @@ def test_verify_reads_catches_writes_into_returned_tensors():
     assert tier.stats().corrupt == 1 and not tier.contains(k)
 
 
+def test_on_evict_receives_room_evictions_only_with_their_bytes(caplog):
+    clock = FakeClock()
+    size = unit_size()
+    spilled: list[tuple] = []
+    tier = HostTier(
+        2 * size,
+        limits=TenantLimits(default_ttl_s=100),
+        clock=clock,
+        on_evict=lambda k, e, ttl, prio: spilled.append((k, e, ttl, prio)),
+    )
+    tier.put(key("alice", 0), block(0), priority=1.5)
+    tier.put(key("alice", 1), block(1), priority=2.0)
+    clock.now += 40
+    tier.put(key("alice", 2), block(2), priority=3.0)  # evicts 0, the lowest priority
+    assert [(k, ttl, p) for k, _, ttl, p in spilled] == [(key("alice", 0), 60.0, 1.5)]
+    assert_same(spilled[0][1], block(0))
+    tier.delete(key("alice", 1))
+    tier.put(key("alice", 2), block(7))  # a replacement is not an eviction
+    clock.now += 200
+    assert tier.purge_expired() == 1  # nor is an expiry
+    assert len(spilled) == 1
+
+    def broken(*args):
+        raise RuntimeError("spill target down")
+
+    tier.on_evict = broken
+    tier.put(key("alice", 3), block(3))
+    tier.put(key("alice", 4), block(4))
+    tier.put(key("alice", 5), block(5))  # evicts; the hook's error is logged, not raised
+    assert tier.contains(key("alice", 5))
+    assert "on_evict failed" in caplog.text
+
+
 def test_longest_prefix_counts_leading_complete_entries():
     tier = HostTier(1 << 22)
     keys = [key("alice", i) for i in range(100)]
