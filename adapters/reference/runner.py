@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -158,6 +159,10 @@ class Runner:
         self._waiting: deque[_Live] = deque()
         self._live: list[_Live] = []
         self._blocked = False
+        #: Called with each request id right after ``add_request``, before its first
+        #: ``allocate`` (e.g. an offload coordinator's ``prefetch``, which loads a prefix
+        #: from a lower tier so that the manager's match hits it).
+        self.on_admit: Callable[[str], object] | None = None
 
     # ------------------------------------------------------------------ serving
     def serve(self, sessions: list[Session]) -> dict[str, RequestResult]:
@@ -197,6 +202,8 @@ class Runner:
             r = self._waiting.popleft()
             tenant = r.rid if self.config.tenant_per_request else None
             self.manager.add_request(r.rid, r.prompt, tenant=tenant)
+            if self.on_admit is not None:
+                self.on_admit(r.rid)
             self._live.append(r)
         done: list[RequestResult] = []
         for r in list(self._live):
