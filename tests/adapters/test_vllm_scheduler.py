@@ -238,3 +238,31 @@ def test_random_streams_are_served_correctly(model_dir, seed):
     policy = kw["additional_config"]["hybridcache"]["admission"]
     if policy.startswith(DEFAULT_ADMISSION) and kw["num_blocks"] >= 80:
         assert sum(res_o.hits.values()) >= sum(res_n.hits.values())
+
+
+def test_interval_snapshots_hit_a_prefix_on_its_second_use(model_dir):
+    """A shared prefix whose boundary falls in nobody's last block.
+
+    vLLM keeps a state at each prompt's last block boundary (here inside the unique part)
+    and at a junction it has already observed, so the second request that shares the
+    prefix misses and only the third hits. With ``interval`` admission the first request
+    leaves states along the prefix and the second request resumes from one.
+    """
+    rng = random.Random(7)
+    prefix = _tokens(rng, 2 * h.BLOCK + 40)
+    tails = [_tokens(rng, 3 * h.BLOCK + 10 * i) for i in range(3)]
+    sessions = {"one": [h.Turn(prefix + tails[0], 4)]}
+    later = {"two": [h.Turn(prefix + tails[1], 4)], "three": [h.Turn(prefix + tails[2], 4)]}
+
+    def serve(cls, **kw):
+        sched = h.make_scheduler(model_dir, cls, num_blocks=200, **kw)
+        first = h.drive(sched, sessions)
+        second = h.drive(sched, {"two": later["two"]}, worker=first.worker)
+        third = h.drive(sched, {"three": later["three"]}, worker=first.worker)
+        return first.hits["one/0"], second.hits["two/0"], third.hits["three/0"]
+
+    native = serve(Scheduler)
+    ours = serve(HybridCacheScheduler, additional_config={"hybridcache": {
+        "admission": f"{DEFAULT_ADMISSION}+interval:{2 * h.BLOCK}"}})
+    assert native == (0, 0, 2 * h.BLOCK)
+    assert ours == (0, 2 * h.BLOCK, 2 * h.BLOCK)

@@ -262,13 +262,16 @@ class DriveResult:
     prompt_lens: dict[str, int]
     preemptions: int
     steps: int
+    worker: SimWorker | None = None
 
 
-def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000) -> DriveResult:
+def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000,
+          worker: SimWorker | None = None) -> DriveResult:
     """Run every session's turns (the next turn's prompt is the whole history) to the end.
 
     All sessions start together; a session submits its next turn when the previous one
-    finishes. Every step goes through :class:`SimWorker`, so a wrong block fails here.
+    finishes. Every step goes through :class:`SimWorker`, so a wrong block fails here;
+    pass the previous result's ``worker`` to drive the same scheduler again.
     """
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -280,11 +283,11 @@ def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 2
     kvc = scheduler.kv_cache_config
     mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
     attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
-    worker = SimWorker(scheduler.block_size, mamba, attn)
+    worker = worker or SimWorker(scheduler.block_size, mamba, attn)
     history = {s: [] for s in sessions}
     nxt = {s: 0 for s in sessions}
     live: dict[str, Any] = {}
-    res = DriveResult({}, {}, {}, 0, 0)
+    res = DriveResult({}, {}, {}, 0, 0, worker)
 
     def submit(s: str) -> None:
         turn = sessions[s][nxt[s]]
