@@ -23,6 +23,7 @@ _LAZY = {
     "HybridKVCacheManager": ".manager",
     "pool_spec": ".spec",
     "spec_from_kv_cache_config": ".spec",
+    "spec_from_vllm_config": ".spec",
 }
 
 __all__ = ["SUPPORTED_VLLM", "VLLM_VERSION", "UnsupportedVllmError", "check_vllm_version", *_LAZY]

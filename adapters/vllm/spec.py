@@ -218,3 +218,15 @@ def pool_block_size(kv_cache_config: KVCacheConfig) -> int:
         raise SpecError(f"vLLM groups use different block sizes {sorted(sizes)}; "
                         "the adapter needs one")
     return sizes.pop()
+
+
+def spec_from_vllm_config(vllm_config: Any, kv_cache_config: KVCacheConfig) -> ModelSpec:
+    """:func:`spec_from_kv_cache_config` named after the served model, with its HF config
+    (FLOP model) and ``max_model_len`` taken from ``vllm_config``."""
+    model_config = vllm_config.model_config
+    return spec_from_kv_cache_config(
+        kv_cache_config,
+        name=str(getattr(model_config, "served_model_name", None) or model_config.model),
+        hf_config=getattr(model_config, "hf_config", None),
+        max_model_len=int(model_config.max_model_len),
+    )

@@ -266,3 +266,16 @@ def test_interval_snapshots_hit_a_prefix_on_its_second_use(model_dir):
         "admission": f"{DEFAULT_ADMISSION}+interval:{2 * h.BLOCK}"}})
     assert native == (0, 0, 2 * h.BLOCK)
     assert ours == (0, 2 * h.BLOCK, 2 * h.BLOCK)
+
+
+def test_spec_from_the_running_vllm_config(model_dir):
+    from hybridcache.adapters.vllm import spec_from_vllm_config
+
+    sched = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=50)
+    spec = spec_from_vllm_config(sched.vllm_config, sched.kv_cache_config)
+    assert spec.max_model_len == 8192 and spec.flops.hidden_size == 128
+    assert spec.flops.num_attention_layers == 2 and spec.flops.num_recurrent_layers == 1
+    (attn,) = spec.attention_groups
+    assert attn.bytes_per_token == 2 * (2 * 2 * 64 * 2)  # 2 layers, K+V, 2 heads x 64, bf16
+    (state,) = spec.state_groups
+    assert state.bytes_per_snapshot == 4 * 130 * 2 + 128 * 128 * 4  # conv bf16 + fp32 state
