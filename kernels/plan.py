@@ -149,7 +149,11 @@ def check_no_read_after_write(pairs: CopyPairs) -> None:
     real = np.flatnonzero(pairs.src != pairs.dst)
     if real.size == 0:
         return
-    hit = np.isin(pairs.dst[real], pairs.src)
+    if len(pairs) <= 256:  # typical plans: a set lookup is ~10x cheaper than np.isin
+        sources = set(pairs.src.tolist())
+        hit = np.array([d in sources for d in pairs.dst[real].tolist()], dtype=bool)
+    else:
+        hit = np.isin(pairs.dst[real], pairs.src)
     if hit.any():
         i = int(real[np.flatnonzero(hit)[0]])
         slot = int(pairs.dst[i])
