@@ -17,6 +17,10 @@ Quick start::
     hit = redis_tier.get(key)             # Entry or None
     n = redis_tier.longest_prefix(keys)   # leading keys with complete entries
 
+With the manager (phase 2): ``OffloadCoordinator(manager, storage, [HostTier(...),
+RedisTier(...)])`` demotes what the device evicts and, from ``prefetch(request_id)`` after
+``add_request``, loads a prefix's KV and snapshot back so the manager's match hits.
+
 See ``docs/tiers.md`` for deployment, key layout, format and failure behaviour.
 """
 
@@ -48,12 +52,16 @@ from hybridcache.tiers.format import (
 from hybridcache.tiers.host import HostTier
 from hybridcache.tiers.keys import EntryKey, KeyCodec
 from hybridcache.tiers.limits import TenantLimits
+from hybridcache.tiers.offload import OffloadCoordinator
+from hybridcache.tiers.offload_plan import LoadPlan, OffloadMetrics
+from hybridcache.tiers.offload_policy import DemotionPolicy
 from hybridcache.tiers.redis_conn import connect
 from hybridcache.tiers.redis_tier import RedisTier
 
 __all__ = [
     "FORMAT_VERSION",
     "ChecksumMismatchError",
+    "DemotionPolicy",
     "EncodedEntry",
     "Entry",
     "EntryFormatError",
@@ -65,7 +73,10 @@ __all__ = [
     "InvalidEntryError",
     "KeyCodec",
     "KeyMismatchError",
+    "LoadPlan",
     "MissingPieceError",
+    "OffloadCoordinator",
+    "OffloadMetrics",
     "PieceInfo",
     "RedisTier",
     "TenantLimits",
