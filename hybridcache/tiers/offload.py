@@ -136,6 +136,7 @@ class OffloadCoordinator:
         self.metrics = OffloadMetrics()
         self.lookup = TierLookup(self.tiers, self.tier_names, self.metrics)
         self._paths = PathMemory(path_memory)
+        self._settled_tick = -1  # requests are only freed by calls that advance the tick
         self._stored: OrderedDict[EntryKey, float] = OrderedDict()
         self._stored_memory = stored_memory
         self._unit_flops = manager.spec.flops.prefill_flops(0, manager.unit)
@@ -249,7 +250,9 @@ class OffloadCoordinator:
             return True  # without state every KV prefix is usable on its own
         if pol.min_kv_hits and node.kv_hits >= pol.min_kv_hits:
             return True
-        self._paths.settle(self.manager.requests, self._has_snapshot)
+        if self._settled_tick != self.manager.tick:  # once per burst of evictions
+            self._settled_tick = self.manager.tick
+            self._paths.settle(self.manager.requests, self._has_snapshot)
         covered = self._paths.covered(node.digest)
         return covered is None or covered
 
