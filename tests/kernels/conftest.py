@@ -1,9 +1,13 @@
 """Kernel tests run the Triton kernel in Triton's interpreter on CPU.
 
-``TRITON_INTERPRET`` must be set before ``hybridcache.kernels.triton_copy`` is imported:
 ``triton.jit`` decides at decoration time whether it builds a compiled or an interpreted
-kernel. This conftest is imported before any test module of this folder, so setting it here
-is early enough (nothing else in the package imports the Triton module eagerly).
+kernel, so ``TRITON_INTERPRET=1`` must be set before ``hybridcache.kernels.triton_copy`` is
+imported; this conftest is imported before any test module of this folder. The setting is
+process-wide and stays set: Triton cannot mix modes in one process (its own lazily
+imported modules, e.g. ``triton.experimental.gluon``, assert that functions decorated
+earlier match the current mode), so restoring it after import breaks later launches.
+Any other test in the same pytest process that launches Triton kernels on CPU tensors
+runs them in the interpreter too.
 """
 
 import os
