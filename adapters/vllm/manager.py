@@ -31,7 +31,7 @@ How our engine's decisions reach vLLM's worker without touching the worker:
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -50,24 +50,11 @@ from hybridcache.requests import admission_points
 from hybridcache.spec import FlopModel
 
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
+from .views import AdapterStats, BlockPoolView, CoordinatorView, GroupView
 
 logger = init_logger(__name__)
 
 NULL_SLOT = -1
-
-
-@dataclass
-class AdapterStats:
-    """Counters of the adapter itself (the engine's metrics are in ``manager.metrics``)."""
-
-    lookups: int = 0
-    lookup_hit_tokens: int = 0
-    allocations: int = 0
-    allocation_failures: int = 0
-    saves_in_place: int = 0
-    saves_dropped: int = 0
-    commits: int = 0
-    deferred: int = 0
 
 
 @dataclass
@@ -78,45 +65,8 @@ class _Tracked:
     cols: list[int] = field(default_factory=list)  # state slot per Mamba column (-1: null)
     tables: list[list[int]] = field(default_factory=list)  # block ids per vLLM group
     sent: list[int] = field(default_factory=list)  # block ids per group already returned
-
-
-class _BlockPoolView:
-    """The few ``BlockPool`` members the scheduler touches directly."""
-
-    def __init__(self, owner: HybridKVCacheManager) -> None:
-        self._owner = owner
-        self.null_block = owner.null_block
-        self.num_gpu_blocks = owner.num_blocks
-
-    def get_usage(self) -> float:
-        return self._owner.usage
-
-    def get_num_free_blocks(self) -> int:
-        return self._owner.num_free_blocks()
-
-    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Only reached for copy-on-write retentions, which this manager never creates."""
-        leftover = [b.block_id for b in blocks]
-        if leftover:
-            raise RuntimeError(f"hybridcache holds no vLLM-side block references: {leftover}")
-
-
-@dataclass(frozen=True)
-class _GroupView:
-    """Read-only stand-in for one of vLLM's per-group managers (introspection only)."""
-
-    kv_cache_group_id: int
-    kv_cache_spec: Any
-    block_size: int
-
-
-@dataclass(frozen=True)
-class _CoordinatorView:
-    """What vLLM's engine core reads from ``kv_cache_manager.coordinator`` (block sizes)."""
-
-    single_type_managers: tuple[_GroupView, ...]
-    enable_partial_hash_hits: bool = False
-    eagle_group_ids: tuple[int, ...] = ()
+    pinned: list[tuple[int, Any]] = field(default_factory=list)  # (boundary, node) in use
+    held: list[tuple[int, int]] = field(default_factory=list)  # (boundary, slot) kept alive
 
 
 class HybridKVCacheManager:
@@ -166,7 +116,7 @@ class HybridKVCacheManager:
         self.blocks = [KVCacheBlock(i) for i in range(self.num_blocks)]
         self.null_block = self.blocks[0]
         self.null_block.is_null = True
-        self.block_pool = _BlockPoolView(self)
+        self.block_pool = BlockPoolView(self)
         self.enable_caching = enable_caching
         self.log_stats = log_stats
         self.prefix_cache_stats = PrefixCacheStats() if log_stats else None
@@ -180,9 +130,9 @@ class HybridKVCacheManager:
         self._wait: set[str] = set()
         # Attributes the scheduler reads from vLLM's manager at construction time.
         self.mamba_shared_prefix_checkpoint = False
-        self.coordinator = _CoordinatorView(
+        self.coordinator = CoordinatorView(
             tuple(
-                _GroupView(i, g.kv_cache_spec, g.kv_cache_spec.block_size)
+                GroupView(i, g.kv_cache_spec, g.kv_cache_spec.block_size)
                 for i, g in enumerate(kv_cache_config.kv_cache_groups)
             )
         )
@@ -227,9 +177,64 @@ class HybridKVCacheManager:
         if request.num_tokens > mreq.num_tokens:
             self.manager.append_tokens(rid, list(request.all_token_ids[mreq.num_tokens :]))
         n = min(request.num_computed_tokens, mreq.num_allocated)
+        self._unpin(tr, keep_from=n)
         if n > mreq.num_computed:
+            self._hold_dropped_live_save(tr, mreq, n)
             self.manager.commit(rid, n)
             self.stats_counters.commits += 1
+            self._pin_live_snapshot(tr, n)
+
+    def _hold_dropped_live_save(self, tr: _Tracked, mreq: Any, n: int) -> None:
+        """Keep the live column's save slot out of a commit that would free it.
+
+        The manager frees a save slot it cannot register (another request registered a
+        snapshot there first, or a tenant quota refuses it). If that slot is the block
+        the request still computes in (a save at ``n``), freeing it now would hand the
+        request's running state to the next allocation; the adapter keeps the slot until
+        the request has moved past ``n``.
+        """
+        slot = mreq.saves.get(n) if self.mamba_ids and n % self.block_size == 0 else None
+        if slot is None:
+            return
+        node = self.manager.index.nodes.get(mreq.hasher.digests[n // self.block_size - 1])
+        if self.manager.config.tenant_quotas or (node is not None and node.snap >= 0):
+            tr.held.append((n, mreq.saves.pop(n)))
+            self.stats_counters.live_saves_held += 1
+
+    def _pin_live_snapshot(self, tr: _Tracked, n: int) -> None:
+        """Keep the snapshot just registered at ``n`` while the request still computes in it.
+
+        After a step that ends on a save point, the block registered as the snapshot is
+        the request's current column: the worker copies it into the next column only at
+        the request's next step. Until then, evicting it and reusing the block (zeroed
+        as a fresh KV page, or written as another request's state) would lose the
+        request's running state, so it stays pinned until the request moves past ``n``.
+        """
+        if not self.mamba_ids or n % self.block_size or n // self.block_size > len(tr.cols):
+            return
+        u = n // self.block_size - 1
+        mreq = self.manager.requests[tr.request.request_id]
+        node = self.manager.index.nodes.get(mreq.hasher.digests[u]) if u >= 0 else None
+        if node is not None and node.snap >= 0 and node.snap == tr.cols[u]:
+            self.manager.index.pin_snapshot(node)
+            tr.pinned.append((n, node))
+
+    def _unpin(self, tr: _Tracked, keep_from: int | None = None) -> None:
+        """Release pins and held slots of boundaries the request has computed past.
+
+        ``keep_from=None`` releases everything (the request is being freed).
+        """
+        def live(b: int) -> bool:
+            return keep_from is not None and b >= keep_from
+
+        for b, node in tr.pinned:
+            if not live(b):
+                self.manager.index.unpin_snapshot(node, self.manager.tick)
+        for b, slot in tr.held:
+            if not live(b):
+                self.manager.arena.free_slot(slot)
+        tr.pinned = [(b, node) for b, node in tr.pinned if live(b)]
+        tr.held = [(b, slot) for b, slot in tr.held if live(b)]
 
     # ------------------------------------------------------------------ lookups
     def prefix_cache_lookup_enabled(self, request: Request) -> bool:
@@ -515,6 +520,7 @@ class HybridKVCacheManager:
             return
         if tr is not None:
             self._sync(tr)
+            self._unpin(tr)
         self.manager.free(rid, finished=request.is_finished())
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:

@@ -279,3 +279,22 @@ def test_spec_from_the_running_vllm_config(model_dir):
     assert attn.bytes_per_token == 2 * (2 * 2 * 64 * 2)  # 2 layers, K+V, 2 heads x 64, bf16
     (state,) = spec.state_groups
     assert state.bytes_per_snapshot == 4 * 130 * 2 + 128 * 128 * 4  # conv bf16 + fp32 state
+
+
+def test_a_duplicate_snapshot_does_not_free_a_running_state(model_dir):
+    """Two identical prompts prefilled in lockstep both save at the same boundary.
+
+    The second commit is a duplicate, which the manager would free at once; but that
+    block still holds the request's running state until its next step copies it out.
+    The adapter keeps it until then (the simulated worker reuses freed blocks).
+    """
+    rng = random.Random(11)
+    prompt = _tokens(rng, 300)
+    sessions = {"a": [h.Turn(list(prompt), 30)], "b": [h.Turn(list(prompt), 30)],
+                "c": [h.Turn(_tokens(rng, 250), 30)]}
+    kw = dict(num_blocks=16, max_batched=128, long_prefill_token_threshold=64)
+    res_n, res_o = run_both(model_dir, sessions, **kw)
+    ours = h.make_scheduler(model_dir, HybridCacheScheduler, **kw)
+    h.drive(ours, sessions)
+    assert ours.kv_cache_manager.stats_counters.live_saves_held >= 1
+    assert_ours_clean(ours)

@@ -68,7 +68,8 @@ def write_config_dir(path: Path) -> Path:
 
 def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max_num_seqs: int = 8,
                    max_batched: int = 1024, additional_config: dict | None = None,
-                   mamba_cache_mode: str = "align", mamba_groups: int = 1) -> Any:
+                   mamba_cache_mode: str = "align", mamba_groups: int = 1,
+                   long_prefill_token_threshold: int = 0) -> Any:
     """A scheduler over a hand-built hybrid ``KVCacheConfig``.
 
     ``mamba_groups`` GDN groups (vLLM splits many recurrent layers into several groups of
@@ -91,6 +92,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         scheduler_config=SchedulerConfig(
             max_num_seqs=max_num_seqs, max_num_batched_tokens=max_batched, max_model_len=8192,
             enable_chunked_prefill=True, async_scheduling=False, is_encoder_decoder=False,
+            long_prefill_token_threshold=long_prefill_token_threshold,
         ),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
                                  mamba_cache_mode=mamba_cache_mode),
@@ -155,6 +157,7 @@ class SimWorker:
         for b in out.new_block_ids_to_zero or ():
             for pos in range(self.block_size):
                 self.kv.pop((b, pos), None)
+            self.state.pop(b, None)
         for c in out.kv_cache_block_copies or ():
             self._copy(c.src_block_id, c.dst_block_id)
         for nr in out.scheduled_new_reqs:
@@ -170,8 +173,7 @@ class SimWorker:
                 for t, extra in zip(self.tables[rid], new):
                     t.extend(extra)
         self._check_disjoint(out, requests)
-        for rid, n in out.num_scheduled_tokens.items():
-            self._run(rid, requests[rid], n)
+        self._run_all(out, requests)
 
     def _check_disjoint(self, out: Any, requests: dict[str, Any]) -> None:
         """Blocks written this step: a running state block is nobody's KV page, nor shared."""
@@ -199,33 +201,53 @@ class SimWorker:
                 self.kv.pop((dst, pos), None)
         if src in self.state:
             self.state[dst] = self.state[src]
+        else:
+            self.state.pop(dst, None)
 
-    def _run(self, rid: str, req: Any, n: int) -> None:
-        start = req.num_computed_tokens - n  # the scheduler already advanced it
-        end = start + n
-        tokens = list(req.all_token_ids)
+    def _write_state(self, block: int, value: tuple[int, str]) -> None:
+        # One block of memory: writing a state clobbers any KV the block held (vLLM's GPU
+        # layouts share a block's bytes between groups; assume the worst).
+        for pos in range(self.block_size):
+            self.kv.pop((block, pos), None)
+        self.state[block] = value
+
+    def _run_all(self, out: Any, requests: dict[str, Any]) -> None:
+        """One step as the worker orders it: state copies, then the forward pass."""
         bs = self.block_size
-        table = self.tables[rid]
-        for g in self.attn_groups:
-            for pos in range(start, end):
-                self.kv[(table[g][pos // bs], pos % bs)] = tokens[pos]
-            for pos in range(end):
-                got = self.kv.get((table[g][pos // bs], pos % bs))
-                assert got == tokens[pos], f"{rid}: KV at {pos} holds {got}, not {tokens[pos]}"
-        curr = (end - 1) // bs
-        prev = self.state_col.get(rid, (start - 1) // bs if start else -1)
-        for g in self.mamba_groups:
-            col = table[g]
-            assert len(col) > curr, f"{rid}: state column {curr} missing"
-            if prev != -1 and prev != curr:
-                assert col[prev] != 0, f"{rid}: copy from the null block (column {prev})"
-                self._copy(col[prev], col[curr])
-            want = (start, prefix_digest(tokens[:start]))
-            if start:
-                got = self.state.get(col[curr])
-                assert got == want, f"{rid}: starts from state {got}, needs {want}"
-            self.state[col[curr]] = (end, prefix_digest(tokens[:end]))
-        self.state_col[rid] = curr
+        spans = {}
+        for rid, n in out.num_scheduled_tokens.items():
+            req = requests[rid]
+            start = req.num_computed_tokens - n  # the scheduler already advanced it
+            spans[rid] = (start, start + n, list(req.all_token_ids))
+        for rid, (start, end, _) in spans.items():  # preprocess_mamba
+            curr = (end - 1) // bs
+            prev = self.state_col.get(rid, (start - 1) // bs if start else -1)
+            for g in self.mamba_groups:
+                col = self.tables[rid][g]
+                assert len(col) > curr, f"{rid}: state column {curr} missing"
+                if prev != -1 and prev != curr:
+                    assert col[prev] != 0, f"{rid}: copy from the null block (column {prev})"
+                    self._copy(col[prev], col[curr])
+            self.state_col[rid] = curr
+        for rid, (start, end, tokens) in spans.items():  # KV writes of the forward pass
+            for g in self.attn_groups:
+                for pos in range(start, end):
+                    b = self.tables[rid][g][pos // bs]
+                    self.state.pop(b, None)
+                    self.kv[(b, pos % bs)] = tokens[pos]
+        for rid, (start, end, tokens) in spans.items():  # attention reads, state update
+            table = self.tables[rid]
+            for g in self.attn_groups:
+                for pos in range(end):
+                    got = self.kv.get((table[g][pos // bs], pos % bs))
+                    assert got == tokens[pos], f"{rid}: KV at {pos} holds {got}, not {tokens[pos]}"
+            for g in self.mamba_groups:
+                block = table[g][(end - 1) // bs]
+                want = (start, prefix_digest(tokens[:start]))
+                if start:
+                    got = self.state.get(block)
+                    assert got == want, f"{rid}: starts from state {got}, needs {want}"
+                self._write_state(block, (end, prefix_digest(tokens[:end])))
 
 
 def model_output(out: Any, requests: dict[str, Any]) -> Any:

@@ -1,0 +1,78 @@
+"""Small stand-ins for the vLLM objects the scheduler reads from its KV cache manager.
+
+vLLM's ``Scheduler`` and engine core touch a few members of ``KVCacheManager`` directly
+(``block_pool``, ``coordinator``); :class:`~.manager.HybridKVCacheManager` exposes these
+views so that they keep working without vLLM's block pool behind them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+
+class _Owner(Protocol):
+    null_block: KVCacheBlock
+    num_blocks: int
+
+    @property
+    def usage(self) -> float: ...
+
+    def num_free_blocks(self) -> int: ...
+
+
+@dataclass
+class AdapterStats:
+    """Counters of the adapter itself (the engine's metrics are in ``manager.metrics``)."""
+
+    lookups: int = 0
+    lookup_hit_tokens: int = 0
+    allocations: int = 0
+    allocation_failures: int = 0
+    saves_in_place: int = 0
+    saves_dropped: int = 0
+    commits: int = 0
+    deferred: int = 0
+    live_saves_held: int = 0
+
+
+class BlockPoolView:
+    """The few ``BlockPool`` members the scheduler touches directly."""
+
+    def __init__(self, owner: _Owner) -> None:
+        self._owner = owner
+        self.null_block = owner.null_block
+        self.num_gpu_blocks = owner.num_blocks
+
+    def get_usage(self) -> float:
+        return self._owner.usage
+
+    def get_num_free_blocks(self) -> int:
+        return self._owner.num_free_blocks()
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Only reached for copy-on-write retentions, which this manager never creates."""
+        leftover = [b.block_id for b in blocks]
+        if leftover:
+            raise RuntimeError(f"hybridcache holds no vLLM-side block references: {leftover}")
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """Read-only stand-in for one of vLLM's per-group managers (introspection only)."""
+
+    kv_cache_group_id: int
+    kv_cache_spec: Any
+    block_size: int
+
+
+@dataclass(frozen=True)
+class CoordinatorView:
+    """What vLLM's engine core reads from ``kv_cache_manager.coordinator`` (block sizes)."""
+
+    single_type_managers: tuple[GroupView, ...]
+    enable_partial_hash_hits: bool = False
+    eagle_group_ids: tuple[int, ...] = ()
