@@ -125,6 +125,8 @@ class HybridCacheScheduler(Scheduler):
             )
         if reasons:
             raise ValueError("HybridCacheScheduler does not support: " + "; ".join(reasons))
+        if self.enable_kv_cache_events:
+            logger.warning("hybridcache: KV cache events are not emitted by this scheduler")
 
     def _mamba_block_aligned_split(
         self,
