@@ -33,6 +33,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import islice
 
 from hybridcache.errors import UnknownNameError
 
@@ -247,7 +248,7 @@ class MarconiQueue(LRUQueue):
 
 
 def marconi_ranking(
-    queues: dict[str, MarconiQueue], alpha: float, window: int, keep: int = 8
+    queues: dict[str, MarconiQueue], alpha: float, window: int, keep: int = 16
 ) -> list[tuple[str, object]]:
     """The ``keep`` lowest-utility entries among the ``window`` oldest of each queue,
     lowest first (Marconi's utility, min-max normalised over those candidates).
@@ -255,22 +256,27 @@ def marconi_ranking(
     The caller evicts from this ranking until it runs out or an entry turns stale, so the
     candidate scan is paid once per ``keep`` evictions instead of once per eviction.
     """
-    cands: list[tuple[str, object, int, float]] = []
+    kinds: list[str] = []
+    items: list[object] = []
+    ticks: list[int] = []
+    effs: list[float] = []
     for kind, q in queues.items():
-        for item, tick in q.oldest(window):
-            cands.append((kind, item, tick, q.eff[item]))
-    if not cands:
+        eff = q.eff
+        for item, tick in islice(q._od.items(), window):
+            kinds.append(kind)
+            items.append(item)
+            ticks.append(tick)
+            effs.append(eff[item])
+    if not items:
         return []
-    ticks = [c[2] for c in cands]
-    effs = [c[3] for c in cands]
     t0, t1 = min(ticks), max(ticks)
     e0, e1 = min(effs), max(effs)
-    scored = []
-    for i, (kind, item, tick, eff) in enumerate(cands):
-        rec = (tick - t0) / (t1 - t0) if t1 > t0 else 1.0
-        ne = (eff - e0) / (e1 - e0) if e1 > e0 else 1.0
-        scored.append((alpha * ne + rec, i, kind, item))
-    return [(kind, item) for _, _, kind, item in heapq.nsmallest(keep, scored)]
+    rt = 1.0 / (t1 - t0) if t1 > t0 else 0.0
+    re = alpha / (e1 - e0) if e1 > e0 else 0.0
+    # Constant terms of the normalisation (a flat dimension scores 1) do not change the order.
+    scores = [(e - e0) * re + (t - t0) * rt for t, e in zip(ticks, effs)]
+    best = heapq.nsmallest(keep, range(len(scores)), key=scores.__getitem__)
+    return [(kinds[i], items[i]) for i in best]
 
 
 def check_eviction_name(name: str) -> str:
