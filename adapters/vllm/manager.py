@@ -243,8 +243,9 @@ class HybridKVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
         """Longest usable hit (KV in every attention group and a snapshot), as vLLM blocks.
 
-        The shared-prefix boundary (third value) is 0: the scheduler already stops every
-        prefill chunk at block boundaries, so no junction needs pinning.
+        The shared-prefix boundary (third value) is 0: vLLM uses it to stop a chunk at a
+        junction so that its Mamba manager keeps that state; here the branch-point
+        admission rule saves there and the scheduler ends a chunk at every save point.
         """
         self._add(request)
         if not self.prefix_cache_lookup_enabled(request):
