@@ -116,3 +116,16 @@ def make_spec(
         name=name, attention_groups=tuple(attention), state_groups=tuple(state), flops=flops,
         notes=notes, **kwargs,
     )
+
+
+def layers_of_type(cfg: ConfigView, num_layers: int, wanted: str) -> set[int]:
+    """0-based indices of the ``wanted`` entries of ``layer_types`` (linear/full attention),
+    after checking that it names every layer with a known type."""
+    types = cfg.str_list("layer_types")
+    if len(types) != num_layers:
+        raise SpecError(f"{cfg.name('layer_types')}: has {len(types)} entries for "
+                        f"{num_layers} layers")
+    unknown = sorted(set(types) - {"linear_attention", "full_attention"})
+    if unknown:
+        raise SpecError(f"{cfg.name('layer_types')}: unknown layer types {unknown}")
+    return {i for i, t in enumerate(types) if t == wanted}

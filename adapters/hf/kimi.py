@@ -13,7 +13,7 @@ from __future__ import annotations
 from hybridcache.errors import SpecError
 from hybridcache.spec import AttentionGroupSpec, AttentionKind, ModelSpec, StateGroupSpec, StateKind
 
-from .common import GATED, make_spec, max_model_len, resolve_dtypes
+from .common import GATED, layers_of_type, make_spec, max_model_len, resolve_dtypes
 from .loading import ConfigView
 from .state import kda_recurrent_dtype, kda_state
 
@@ -84,14 +84,7 @@ def _kda_layout(cfg: ConfigView, num_layers: int) -> tuple[set[int], int, int, i
         return (kda, lac.integer("num_heads"), lac.integer("head_dim"),
                 lac.integer("short_conv_kernel_size", minimum=2))
     if cfg.has("layer_types"):
-        types = cfg.str_list("layer_types")
-        if len(types) != num_layers:
-            raise SpecError(f"{cfg.name('layer_types')}: has {len(types)} entries for "
-                            f"{num_layers} layers")
-        unknown = sorted(set(types) - {"linear_attention", "full_attention"})
-        if unknown:
-            raise SpecError(f"{cfg.name('layer_types')}: unknown layer types {unknown}")
-        kda = {i for i, t in enumerate(types) if t == "linear_attention"}
+        kda = layers_of_type(cfg, num_layers, "linear_attention")
         return (kda, cfg.integer("linear_num_heads"), cfg.integer("linear_head_dim"),
                 cfg.integer("linear_conv_kernel_dim", minimum=2))
     raise SpecError(f"{cfg.name('linear_attn_config')}: missing from the config "

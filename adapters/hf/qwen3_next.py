@@ -11,7 +11,14 @@ from __future__ import annotations
 from hybridcache.errors import SpecError
 from hybridcache.spec import ModelSpec, StateGroupSpec, StateKind
 
-from .common import GATED, full_attention_group, make_spec, max_model_len, resolve_dtypes
+from .common import (
+    GATED,
+    full_attention_group,
+    layers_of_type,
+    make_spec,
+    max_model_len,
+    resolve_dtypes,
+)
 from .loading import ConfigView
 from .state import gated_delta_net_state, ssm_dtype
 
@@ -47,14 +54,7 @@ def qwen3_next(cfg: ConfigView, name: str, kv_dtype: object, state_dtype: object
 
 def _full_attention_layers(cfg: ConfigView, num_layers: int) -> set[int]:
     if cfg.has("layer_types"):
-        types = cfg.str_list("layer_types")
-        if len(types) != num_layers:
-            raise SpecError(f"{cfg.name('layer_types')}: has {len(types)} entries for "
-                            f"{num_layers} layers")
-        unknown = sorted(set(types) - {"linear_attention", "full_attention"})
-        if unknown:
-            raise SpecError(f"{cfg.name('layer_types')}: unknown layer types {unknown}")
-        return {i for i, t in enumerate(types) if t == "full_attention"}
+        return layers_of_type(cfg, num_layers, "full_attention")
     if not cfg.has("full_attention_interval"):
         raise SpecError(f"{cfg.name('layer_types')} / {cfg.name('full_attention_interval')}: "
                         "missing from the config (one is needed to place attention layers)")
