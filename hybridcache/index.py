@@ -63,6 +63,14 @@ class Node:
         return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
 
 
+def _kv_evictable(node: Node) -> bool:  # type: ignore[misc]
+    return node.kv_ref == 0 and node.pages is not None
+
+
+def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
+    return node.snap_ref == 0 and node.snap >= 0
+
+
 class PrefixIndex:
     """Digest -> :class:`Node`, the two eviction queues and the arena they draw from."""
 
@@ -98,8 +106,8 @@ class PrefixIndex:
             self.snap_q: EvictionQueue = LRUQueue()
         elif eviction == "value":
             clock = Clock()
-            self.kv_q = ValueQueue(clock, flops_per_byte_scale)
-            self.snap_q = ValueQueue(clock, flops_per_byte_scale)
+            self.kv_q = ValueQueue(clock, flops_per_byte_scale, _kv_evictable)
+            self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
@@ -108,7 +116,7 @@ class PrefixIndex:
     def hold_kv(self, node: Node) -> None:
         """A request now uses ``node``'s pages: they cannot be evicted."""
         if node.kv_ref == 0 and node.pages is not None:
-            self.kv_q.discard(node)  # also for () pages (pure-state models): held = not evictable
+            self.kv_q.hold(node)  # also for () pages (pure-state models): held = not evictable
             if node.pages:
                 self._count_evictable(node.pages, -1)
         node.kv_ref += 1
@@ -130,12 +138,12 @@ class PrefixIndex:
 
     def hold_path(self, nodes: list[Node]) -> None:
         """:meth:`hold_kv` for every node of a matched path (the hot loop, inlined)."""
-        ev, ppb, discard = self._evictable_pages, self._ppb, self.kv_q.discard
+        ev, ppb, hold = self._evictable_pages, self._ppb, self.kv_q.hold
         for node in nodes:
             if node.kv_ref == 0:
                 pages = node.pages
                 if pages is not None:
-                    discard(node)
+                    hold(node)
                     for p in pages:
                         ev[p // ppb] -= 1
             node.kv_ref += 1
@@ -163,7 +171,7 @@ class PrefixIndex:
     def pin_snapshot(self, node: Node) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
         if node.snap_ref == 0:
-            self.snap_q.discard(node)
+            self.snap_q.hold(node)
         node.snap_ref += 1
 
     def unpin_snapshot(self, node: Node, tick: int) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
 
@@ -96,6 +97,10 @@ class EvictionQueue:
     def discard(self, item: object) -> None:
         raise NotImplementedError
 
+    def hold(self, item: object) -> None:
+        """``item`` is held by a request and must not be chosen until :meth:`add` again."""
+        self.discard(item)
+
     def peek(self) -> tuple[float, object] | None:
         raise NotImplementedError
 
@@ -159,36 +164,60 @@ class Clock:
 
 
 class ValueQueue(EvictionQueue):
-    """GreedyDual-Size-Frequency priority heap with lazy deletion (O(log n))."""
+    """GreedyDual-Size-Frequency priority heap with lazy updates (O(log n) amortised).
 
-    def __init__(self, clock: Clock, scale: float) -> None:
+    Hits are the hot path (every unit of a matched prefix is held, then released with a
+    higher priority), so neither touches the heap: ``hold`` is a no-op and ``add`` of a live
+    entry only records its new priority. The heap is corrected when an entry reaches the
+    top: an entry that is held (``evictable`` is false) leaves the queue until it is added
+    again, and one whose recorded priority grew is pushed back with it.
+    """
+
+    def __init__(self, clock: Clock, scale: float, evictable: Callable[[object], bool]) -> None:
         self._clock = clock
         self._scale = scale  # FLOPs per byte -> priority units
+        self._evictable = evictable
         self._heap: list[tuple[float, int, object]] = []
-        self._live: dict[object, tuple[float, int]] = {}
+        self._live: dict[object, tuple[float, int]] = {}  # item -> (current priority, heap seq)
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
         prio = self._clock.value + (hits if hits > 1 else 1) * flops / (nbytes or 1) / self._scale
+        live = self._live
+        cur = live.get(item)
+        if cur is not None:
+            live[item] = (prio if prio > cur[0] else cur[0], cur[1])
+            return
         self._seq += 1
-        self._live[item] = (prio, self._seq)
+        live[item] = (prio, self._seq)
         heap = self._heap
         heapq.heappush(heap, (prio, self._seq, item))
-        if len(heap) > 4 * len(self._live) + 4096:  # too many stale entries: rebuild
-            self._heap = [(p, q, it) for it, (p, q) in self._live.items()]
+        if len(heap) > 4 * len(live) + 4096:  # too many stale entries: rebuild
+            self._heap = [(p, q, it) for it, (p, q) in live.items()]
             heapq.heapify(self._heap)
 
     def discard(self, item):
         self._live.pop(item, None)
 
+    def hold(self, item):
+        pass  # checked lazily when the entry reaches the top
+
     def _clean(self) -> None:
-        heap, live = self._heap, self._live
+        heap, live, evictable = self._heap, self._live, self._evictable
         while heap:
             prio, seq, item = heap[0]
             cur = live.get(item)
-            if cur is not None and cur[1] == seq:
+            if cur is None or cur[1] != seq:
+                heapq.heappop(heap)
+            elif not evictable(item):
+                heapq.heappop(heap)
+                del live[item]
+            elif cur[0] > prio:
+                self._seq += 1
+                live[item] = (cur[0], self._seq)
+                heapq.heapreplace(heap, (cur[0], self._seq, item))
+            else:
                 return
-            heapq.heappop(heap)
 
     def candidates(self, n):
         # Best-first walk down the heap tree: the n smallest live entries in order, visiting
@@ -198,7 +227,7 @@ class ValueQueue(EvictionQueue):
         frontier = [(heap[0], 0)] if heap else []
         while frontier and len(out) < n:
             (prio, seq, item), i = heapq.heappop(frontier)
-            if live.get(item, (0, -1))[1] == seq:
+            if live.get(item, (0, -1))[1] == seq and self._evictable(item):
                 out.append(item)
             for c in (2 * i + 1, 2 * i + 2):
                 if c < len(heap):
