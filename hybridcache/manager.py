@@ -383,22 +383,25 @@ class HybridCacheManager:
 
     def _register_units(self, req: Request, full_units: int) -> None:
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        while len(req.nodes) < full_units:
-            i = len(req.nodes)
-            node = index.nodes.get(digests[i])
+        lookup, nodes, tables = index.nodes.get, req.nodes, req.pages
+        one = tables[0] if len(tables) == 1 else None
+        registered = 0
+        for i in range(len(nodes), full_units):
+            node = lookup(digests[i])
             if node is not None and node.pages is not None:
                 index.hold_kv(node)  # duplicate: keep our private page, hold theirs
                 req.dup_pages.append(i)
             elif quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.node_kv_bytes > quota:
                 self.metrics.quota_rejections += 1
-                return
+                break
             else:
-                pages = tuple(t[i] for t in req.pages)
+                pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
                 # Depth-independent value: a prefix's head must never rank below its tail,
                 # or value eviction drops heads first and strands unreachable tails.
                 node = index.register_kv(digests[i], i, req.tenant, pages, self._unit_flops)
-                self.metrics.kv_pages_registered += len(pages)
-            req.nodes.append(node)
+                registered += len(pages)
+            nodes.append(node)
+        self.metrics.kv_pages_registered += registered
 
     def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
         u = boundary // self.unit
