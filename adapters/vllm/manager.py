@@ -462,18 +462,11 @@ class HybridKVCacheManager:
         """
         rolling = sp.slot == mreq.rolling_slot and sp.boundary == mreq.rolling_boundary
         if sp.boundary == end and end % self.block_size == 0:
-            if rolling:
-                mreq.rolling_slot = mreq.slot
-            else:
-                mreq.saves[sp.boundary] = mreq.slot
-            mreq.slot = sp.slot
+            self.manager.save_in_running_slot(mreq.id, sp.boundary)
             self.stats_counters.saves_in_place += 1
             return not rolling
         self.stats_counters.saves_dropped += 1
-        if rolling:
-            mreq.rolling_boundary = -1
-        else:
-            self.manager.arena.free_slot(mreq.saves.pop(sp.boundary))
+        self.manager.cancel_save(mreq.id, sp.boundary)
         return False
 
     # ------------------------------------------------------------------ steps

@@ -256,3 +256,29 @@ def test_rolling_back_state_without_draft_slots_is_refused():
     m.allocate("a", 3)
     with pytest.raises(InvalidRequestError, match="draft slots"):
         m.accept("a", 1)
+
+
+def test_save_in_running_slot_relabels_instead_of_copying():
+    m = mgr(admission="interval:8")
+    m.add_request("a", list(range(20)))
+    a = m.allocate("a", 8)
+    (sp,) = a.save_points
+    new_running = m.save_in_running_slot("a", 8)
+    assert new_running == sp.slot and m.requests["a"].saves[8] == a.running_slot
+    m.commit("a", 8)
+    assert a.running_slot in m.cached_snapshot_slots()  # the slot the state was left in
+    with pytest.raises(InvalidRequestError, match="not the end of the step"):
+        m.save_in_running_slot("a", 4)
+
+
+def test_cancel_save_registers_nothing_and_frees_the_slot():
+    m = mgr(admission="interval:8")
+    m.add_request("a", list(range(20)))
+    a = m.allocate("a", 12)
+    before = m.arena.slots_in_use
+    m.cancel_save("a", a.save_points[0].boundary)
+    assert m.arena.slots_in_use == before - 1
+    m.commit("a", 12)
+    assert not m.cached_snapshot_slots()
+    with pytest.raises(InvalidRequestError, match="no save point"):
+        m.cancel_save("a", 8)
