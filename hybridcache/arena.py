@@ -95,12 +95,6 @@ class ArenaLayout:
         """Byte offset of state slot ``slot`` in the arena buffer."""
         return slot // self.slots_per_block * self.block_bytes + slot % self.slots_per_block * self.slot_bytes
 
-    def page_block(self, page: int) -> int:
-        return page // self.pages_per_block
-
-    def slot_block(self, slot: int) -> int:
-        return slot // self.slots_per_block
-
 
 def plan_layout(
     spec: ModelSpec, capacity_bytes: int, hash_unit: int, alignment: int = 256

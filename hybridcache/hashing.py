@@ -217,7 +217,3 @@ class TokenHasher:
         self._tail = arr[len(new) * self.unit :].copy()
         self.num_tokens = len(self.digests) * self.unit + len(self._tail)
         return new
-
-    @property
-    def num_full_units(self) -> int:
-        return len(self.digests)

@@ -115,29 +115,10 @@ class PrefixIndex:
     # ------------------------------------------------------------------ holding
     def hold_kv(self, node: Node) -> None:
         """A request now uses ``node``'s pages: they cannot be evicted."""
-        if node.kv_ref == 0 and node.pages is not None:
-            self.kv_q.hold(node)  # also for () pages (pure-state models): held = not evictable
-            if node.pages:
-                self._count_evictable(node.pages, -1)
-        node.kv_ref += 1
-
-    def release_kv(self, node: Node, tick: int) -> None:
-        """A request stopped using ``node``'s pages; at zero they become evictable."""
-        node.kv_ref -= 1
-        if node.kv_ref < 0:
-            raise AssertionError(f"negative kv_ref on {node}")
-        if node.kv_ref == 0 and node.pages is not None:
-            if node.pages:
-                self._count_evictable(node.pages, +1)
-                for p in node.pages:
-                    b = p // self._ppb
-                    if self._evictable_pages[b] == self.arena.block_used(b):
-                        self._idle_slabs.pop(b, None)
-                        self._idle_slabs[b] = None
-            self.kv_q.add(node, tick, node.kv_flops, self.node_kv_bytes, node.kv_hits)
+        self.hold_path([node])
 
     def hold_path(self, nodes: list[Node]) -> None:
-        """:meth:`hold_kv` for every node of a matched path (the hot loop, inlined)."""
+        """Hold every node of a matched path: their pages cannot be evicted."""
         ev, ppb, hold = self._evictable_pages, self._ppb, self.kv_q.hold
         for node in nodes:
             if node.kv_ref == 0:
@@ -149,8 +130,8 @@ class PrefixIndex:
             node.kv_ref += 1
 
     def release_path(self, nodes: list[Node], tick: int) -> None:
-        """:meth:`release_kv` for every node, deepest first: under LRU the tail of a
-        prefix is then evicted before its head."""
+        """A request stopped using these nodes' pages; at zero references they become
+        evictable. Deepest first: under LRU the tail of a prefix goes before its head."""
         ev, ppb, add, nbytes = self._evictable_pages, self._ppb, self.kv_q.add, self.node_kv_bytes
         used, idle = self.arena.block_used, self._idle_slabs
         for node in reversed(nodes):

@@ -22,7 +22,7 @@ Every error that bad input can cause is raised before any state changes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -30,7 +30,7 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Node, PrefixIndex
+from hybridcache.index import PrefixIndex
 from hybridcache.metrics import CacheMetrics
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
@@ -149,15 +149,6 @@ class HybridCacheManager:
             )
         req.hasher.extend_validated(arr)
         req.num_tokens = req.hasher.num_tokens
-
-    def append_digests(self, request_id: str, num_tokens: int, digests: Sequence[bytes]) -> None:
-        """Digest-level :meth:`append_tokens` for requests added with ``digests``."""
-        req = self._get(request_id)
-        total = req.num_tokens + num_tokens
-        if len(req.hasher.digests) + len(digests) != total // self.unit:
-            raise InvalidRequestError(f"request {request_id!r}: digests do not match {total} tokens")
-        req.hasher.digests.extend(digests)
-        req.hasher.num_tokens = req.num_tokens = total
 
     # ------------------------------------------------------------------ allocate
     def allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0) -> Allocation:
@@ -590,6 +581,3 @@ class HybridCacheManager:
 
     def cached_snapshot_slots(self) -> set[int]:
         return {n.snap for n in self.index.nodes.values() if n.snap >= 0}
-
-    def iter_nodes(self) -> Iterable[Node]:
-        return self.index.nodes.values()

@@ -31,7 +31,6 @@ class CacheMetrics:
     evicted_bytes_kv: int = 0
     evicted_bytes_state: int = 0
     quota_rejections: int = 0
-    preemptions: int = 0
 
     @property
     def token_hit_rate(self) -> float:

@@ -107,10 +107,6 @@ class EvictionQueue:
     def pop(self) -> object | None:
         raise NotImplementedError
 
-    def candidates(self, n: int) -> list[object]:
-        """Up to ``n`` entries, lowest priority first (the next victims)."""
-        raise NotImplementedError
-
     def __len__(self) -> int:
         raise NotImplementedError
 
@@ -138,17 +134,6 @@ class LRUQueue(EvictionQueue):
         if not self._od:
             return None
         return self._od.popitem(last=False)[0]
-
-    def candidates(self, n):
-        return [item for item, _ in self.oldest(n)]
-
-    def oldest(self, n: int) -> list[tuple[object, int]]:
-        out = []
-        for item, tick in self._od.items():
-            out.append((item, tick))
-            if len(out) >= n:
-                break
-        return out
 
     def __len__(self):
         return len(self._od)
@@ -218,21 +203,6 @@ class ValueQueue(EvictionQueue):
                 heapq.heapreplace(heap, (cur[0], self._seq, item))
             else:
                 return
-
-    def candidates(self, n):
-        # Best-first walk down the heap tree: the n smallest live entries in order, visiting
-        # O(n + stale) entries instead of scanning the whole (lazily deleted) heap.
-        heap, live = self._heap, self._live
-        out: list[object] = []
-        frontier = [(heap[0], 0)] if heap else []
-        while frontier and len(out) < n:
-            (prio, seq, item), i = heapq.heappop(frontier)
-            if live.get(item, (0, -1))[1] == seq and self._evictable(item):
-                out.append(item)
-            for c in (2 * i + 1, 2 * i + 2):
-                if c < len(heap):
-                    heapq.heappush(frontier, (heap[c], c))
-        return out
 
     def peek(self):
         self._clean()
