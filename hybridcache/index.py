@@ -85,6 +85,9 @@ class PrefixIndex:
     ) -> None:
         self.arena = arena
         self.nodes: dict[Digest, Node] = {}
+        # Bumped whenever an entry is registered or evicted: a walk with an equal version
+        # would see exactly the same nodes, so callers may reuse it.
+        self.version = 0
         self.eviction = eviction
         self.page_owner: dict[int, Node] = {}
         self._evictable_pages = [0] * arena.layout.num_blocks
@@ -172,6 +175,7 @@ class PrefixIndex:
         self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
     ) -> Node:
         """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference."""
+        self.version += 1
         node = self.nodes.get(digest)
         if node is None:
             node = Node(digest, depth, tenant)
@@ -187,6 +191,7 @@ class PrefixIndex:
 
     def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
         """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now)."""
+        self.version += 1
         assert node.snap < 0, "register_snapshot on a node that has a snapshot"
         node.snap = slot
         node.snap_flops = flops
@@ -197,6 +202,7 @@ class PrefixIndex:
     # ------------------------------------------------------------------ eviction
     def evict_kv(self, node: Node) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
+        self.version += 1
         assert node.kv_ref == 0 and node.pages is not None
         self.kv_q.discard(node)
         pages = node.pages
@@ -212,6 +218,7 @@ class PrefixIndex:
 
     def evict_snapshot(self, node: Node) -> None:
         """Drop ``node``'s snapshot (it must be unpinned)."""
+        self.version += 1
         assert node.snap_ref == 0 and node.snap >= 0
         self.snap_q.discard(node)
         self.arena.free_slot(node.snap)

@@ -133,10 +133,21 @@ class HybridCacheManager:
         req = self._get(request_id)
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
-        max_units = (req.num_tokens - 1) // self.unit
-        kv_units, snap_units, _ = self.index.walk(req.hasher.digests, max_units)
+        kv_units, snap_units, _ = self._walk(req)
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
+
+    def _walk(self, req: Request) -> tuple[int, int, object]:
+        """The index walk for ``req``, reused while neither the index nor the request changed.
+
+        ``add_request`` matches and the first ``allocate`` applies the match, usually with
+        nothing registered or evicted in between: the walk is then done once, not twice.
+        """
+        key = (self.index.version, req.num_tokens)
+        if req.walk is None or req.walk[0] != key:
+            max_units = (req.num_tokens - 1) // self.unit
+            req.walk = (key, self.index.walk(req.hasher.digests, max_units))
+        return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
         """Append generated (or accepted draft) tokens to the request's known tokens."""
@@ -221,8 +232,7 @@ class HybridCacheManager:
     def _begin(self, req: Request) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        max_units = (req.num_tokens - 1) // self.unit
-        kv_units, snap_units, snap_node = self.index.walk(req.hasher.digests, max_units)
+        kv_units, snap_units, snap_node = self._walk(req)
         hit_units = snap_units if self.has_state else kv_units
         nodes = self.index.nodes
         held = [nodes[d] for d in req.hasher.digests[:hit_units]]
@@ -553,12 +563,8 @@ class HybridCacheManager:
     def stats(self) -> dict[str, object]:
         """Metrics plus arena occupancy, JSON-friendly."""
         s = self.arena.stats()
-        out: dict[str, object] = dict(self.metrics.as_dict())
+        out: dict[str, object] = dict(self.sync_metrics().as_dict())
         out.update(
-            evictions_kv=self.index.evictions["kv"],
-            evictions_state=self.index.evictions["state"],
-            evicted_bytes_kv=self.index.evicted_bytes["kv"],
-            evicted_bytes_state=self.index.evicted_bytes["state"],
             capacity_bytes=s.capacity_bytes,
             used_bytes=s.used_bytes,
             kv_bytes=s.kv_bytes,
