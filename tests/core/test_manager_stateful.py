@@ -88,8 +88,7 @@ class ManagerMachine(RuleBasedStateMachine):
         res = self.m.add_request(rid, tokens, tenant=tenant)
         want = self.oracle.hit(tenant, tokens, self.has_state)
         assert (res.hit_tokens, res.kv_hit_tokens) == want
-        self.live[rid] = {"id": rid, "tenant": tenant, "tokens": list(tokens), "done": 0,
-                          "alloc": None, "draft": 0}
+        self.live[rid] = {"id": rid, "tenant": tenant, "tokens": list(tokens), "alloc": None}
         self._digest_keys(self.live[rid])
 
     def _alloc(self, r, n, draft=0):
@@ -105,7 +104,6 @@ class ManagerMachine(RuleBasedStateMachine):
         if a.state_copies:
             assert set(a.state_copies.src) <= cached
         r["alloc"] = a
-        r["done"] = a.start if r["alloc"] is a and r["done"] < a.start else r["done"]
         return a
 
     def _commit(self, r, n):
@@ -119,7 +117,6 @@ class ManagerMachine(RuleBasedStateMachine):
         for sp in a.save_points:
             if sp.boundary <= known and sp.slot != req.rolling_slot:
                 self.oracle.snap.add((r["tenant"], tuple(r["tokens"][: sp.boundary])))
-        r["done"] = n
 
     @rule(data=st.data())
     @precondition(lambda self: self.m is not None and self.live)
