@@ -183,6 +183,8 @@ class Arena:
         n = layout.num_blocks
         self._kind = [FREE] * n
         self._used = [0] * n  # entries in use per block
+        # Read-only alias for the index's per-page hot loops (a list index, not a call).
+        self.used_per_block = self._used
         self._free_blocks = list(range(n - 1, -1, -1))  # stack: block 0 first
         self._entry_free: list[list[int]] = [[] for _ in range(n)]
         self._open = {KV: [], STATE: []}  # blocks of that kind with a free entry
@@ -200,6 +202,53 @@ class Arena:
             self.pages_in_use += 1
             self._live[KV][e] = 1
         return e
+
+    def alloc_pages(self, n: int) -> list[int]:
+        """Up to ``n`` free KV page ids (fewer when the arena runs out), in the order that
+        ``n`` calls of :meth:`alloc_page` would return them.
+
+        A prefill step allocates tens of pages at once: taking them a slab at a time is
+        one list slice per slab instead of one call per page.
+        """
+        out: list[int] = []
+        per_block = self.layout.pages_per_block
+        if per_block == 0 or n <= 0:
+            return out
+        live, used, kinds, entry_free = self._live[KV], self._used, self._kind, self._entry_free
+        open_blocks = self._open[KV]
+        while len(out) < n:
+            want = n - len(out)
+            if open_blocks:
+                b = open_blocks[-1]
+                free = entry_free[b]
+                if kinds[b] != KV or not free:
+                    open_blocks.pop()  # stale entry (block was released)
+                    self._is_open[b] = False
+                    continue
+                take = free[: -want - 1 : -1] if want < len(free) else free[::-1]
+                del free[len(free) - len(take) :]
+                used[b] += len(take)
+                if not free:
+                    open_blocks.pop()
+                    self._is_open[b] = False
+            elif self._free_blocks:
+                b = self._free_blocks.pop()
+                kinds[b] = KV
+                base = b * per_block
+                k = min(want, per_block)
+                take = list(range(base, base + k))
+                entry_free[b] = list(range(base + per_block - 1, base + k - 1, -1))
+                used[b] = k
+                if k < per_block:
+                    open_blocks.append(b)
+                    self._is_open[b] = True
+            else:
+                break
+            for e in take:
+                live[e] = 1
+            out.extend(take)
+        self.pages_in_use += len(out)
+        return out
 
     def alloc_slot(self) -> int | None:
         """A free state slot id, or ``None`` when no slot and no free block is left."""

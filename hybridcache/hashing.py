@@ -37,10 +37,6 @@ HASH_ALGOS = ("xxh3_128", "sha256")
 _MAX_TOKEN = (1 << 32) - 1
 
 
-def _xxh3(data: bytes) -> bytes:
-    return xxhash.xxh3_128_digest(data)
-
-
 def _sha256(data: bytes) -> bytes:
     return hashlib.sha256(data).digest()[:16]
 
@@ -48,7 +44,7 @@ def _sha256(data: bytes) -> bytes:
 def hash_function(algo: str):
     """The digest function of ``algo`` (``xxh3_128`` or ``sha256``)."""
     if algo == "xxh3_128":
-        return _xxh3
+        return xxhash.xxh3_128_digest  # the C function itself: no Python frame per unit
     if algo == "sha256":
         return _sha256
     raise UnknownNameError(f"unknown hash algorithm {algo!r}; known: {', '.join(HASH_ALGOS)}")
@@ -103,6 +99,11 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
         return np.zeros(0, dtype=np.uint32)
     if arr.dtype.kind not in "iu":
         raise InvalidRequestError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+    if arr.dtype.itemsize <= 4 and arr.dtype.kind == "u":
+        return arr.astype(np.uint32, copy=False)
+    # One pass for the common case: negative ids wrap to huge unsigned values.
+    if arr.dtype.itemsize == 8 and not (arr.view(np.uint64) > _MAX_TOKEN).any():
+        return arr.astype(np.uint32)
     if arr.dtype.kind == "i" and int(arr.min()) < 0:
         bad = int(np.argmax(arr < 0))
         raise InvalidRequestError(f"{what}: negative token id {int(arr[bad])} at index {bad}")
@@ -155,7 +156,7 @@ def hash_units(
     n_full = len(tokens) // unit
     if n_full == 0:
         return []
-    buf = memoryview(np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").tobytes())
+    buf = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").tobytes()
     step = unit * 4
     out: list[Digest] = []
     append = out.append

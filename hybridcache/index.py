@@ -122,35 +122,44 @@ class PrefixIndex:
 
     def hold_path(self, nodes: list[Node]) -> None:
         """Hold every node of a matched path: their pages cannot be evicted."""
-        ev, ppb, hold = self._evictable_pages, self._ppb, self.kv_q.hold
+        ev, ppb = self._evictable_pages, self._ppb
+        # The value queue checks held entries lazily: skip its no-op hold() per unit.
+        hold = None if isinstance(self.kv_q, ValueQueue) else self.kv_q.hold
         for node in nodes:
-            if node.kv_ref == 0:
+            ref = node.kv_ref
+            if ref == 0:
                 pages = node.pages
                 if pages is not None:
-                    hold(node)
+                    if hold is not None:
+                        hold(node)
                     for p in pages:
                         ev[p // ppb] -= 1
-            node.kv_ref += 1
+            node.kv_ref = ref + 1
 
     def release_path(self, nodes: list[Node], tick: int) -> None:
         """A request stopped using these nodes' pages; at zero references they become
         evictable. Deepest first: under LRU the tail of a prefix goes before its head."""
-        ev, ppb, add, nbytes = self._evictable_pages, self._ppb, self.kv_q.add, self.node_kv_bytes
-        used, idle = self.arena.block_used, self._idle_slabs
+        ev, ppb = self._evictable_pages, self._ppb
+        used, idle = self.arena.used_per_block, self._idle_slabs
+        freed: list[tuple[Node, float, int]] = []
+        add = freed.append
         for node in reversed(nodes):
-            node.kv_ref -= 1
-            if node.kv_ref == 0:
+            ref = node.kv_ref - 1
+            node.kv_ref = ref
+            if ref == 0:
                 pages = node.pages
                 if pages is not None:
                     for p in pages:
                         b = p // ppb
-                        ev[b] += 1
-                        if ev[b] == used(b):
+                        e = ev[b] + 1
+                        ev[b] = e
+                        if e == used[b]:
                             idle.pop(b, None)
                             idle[b] = None
-                    add(node, tick, node.kv_flops, nbytes, node.kv_hits)
-            elif node.kv_ref < 0:
+                    add((node, node.kv_flops, node.kv_hits))
+            elif ref < 0:
                 raise AssertionError(f"negative kv_ref on {node}")
+        self.kv_q.add_many(freed, tick, self.node_kv_bytes)
 
     def pin_snapshot(self, node: Node) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
@@ -188,6 +197,52 @@ class PrefixIndex:
             self.page_owner[p] = node
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes
         return node
+
+    def register_kv_run(
+        self,
+        digests: list[Digest],
+        first: int,
+        end: int,
+        tenant: str | None,
+        tables: list[list[int]],
+        flops: float,
+    ) -> list[Node]:
+        """:meth:`register_kv` for units ``first, first+1, ...`` before ``end``, stopping at
+        the first unit that already has KV (a duplicate, which the caller handles).
+
+        Args:
+            digests: the request's unit digests.
+            first, end: unit range to register.
+            tenant: owner of the new entries (for quotas).
+            tables: the request's block table per attention group (page of unit ``i`` at
+                index ``i``).
+            flops: value of each unit's KV (depth-independent, see the manager).
+
+        Returns:
+            The registered nodes, each held once by the caller, in unit order.
+        """
+        nodes, owner, out = self.nodes, self.page_owner, []
+        get, append = nodes.get, out.append
+        one = tables[0] if len(tables) == 1 else None
+        for i in range(first, end):
+            d = digests[i]
+            node = get(d)
+            if node is None:
+                node = Node(d, i, tenant)
+                nodes[d] = node
+            elif node.pages is not None:
+                break
+            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
+            node.pages = pages
+            node.kv_flops = flops
+            node.kv_ref += 1
+            for p in pages:
+                owner[p] = node
+            append(node)
+        if out:
+            self.version += 1
+            self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * len(out)
+        return out
 
     def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
         """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now)."""
@@ -346,6 +401,15 @@ class PrefixIndex:
             if not self.evict_one(for_slot=False):
                 return None
 
+    def alloc_pages(self, n: int) -> list[int]:
+        """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
+        out = self.arena.alloc_pages(n)
+        while len(out) < n:
+            if not self.evict_one(for_slot=False):
+                break
+            out += self.arena.alloc_pages(n - len(out))
+        return out
+
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted."""
         while True:
@@ -362,6 +426,19 @@ class PrefixIndex:
             n += 1
         return n
 
+    def kv_run(self, digests: list[Digest], max_units: int) -> list[Node]:
+        """Nodes of the longest run of units, from the first, that have KV (at most
+        ``max_units``): the pages a request can reuse, in unit order."""
+        get = self.nodes.get
+        run: list[Node] = []
+        append = run.append
+        for d in digests[:max_units]:
+            node = get(d)
+            if node is None or node.pages is None:
+                break
+            append(node)
+        return run
+
     def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
         """Longest KV run and deepest snapshot on it.
 
@@ -370,13 +447,13 @@ class PrefixIndex:
             at ``max_units``), the end of the deepest of them that has a snapshot, and that
             node (``None`` if there is none).
         """
-        nodes = self.nodes
-        snap_units, snap_node = 0, None
-        n = min(max_units, len(digests))
-        for i in range(n):
-            node = nodes.get(digests[i])
-            if node is None or node.pages is None:
-                return i, snap_units, snap_node
-            if node.snap >= 0:
-                snap_units, snap_node = i + 1, node
-        return n, snap_units, snap_node
+        run = self.kv_run(digests, max_units)
+        return (len(run), *deepest_snapshot(run))
+
+
+def deepest_snapshot(run: list[Node]) -> tuple[int, Node | None]:
+    """``(units, node)``: the end of the deepest node of ``run`` with a snapshot."""
+    for i in range(len(run) - 1, -1, -1):
+        if run[i].snap >= 0:
+            return i + 1, run[i]
+    return 0, None

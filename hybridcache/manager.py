@@ -30,7 +30,7 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import PrefixIndex
+from hybridcache.index import Node, PrefixIndex, deepest_snapshot
 from hybridcache.metrics import CacheMetrics
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
@@ -133,20 +133,23 @@ class HybridCacheManager:
         req = self._get(request_id)
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
-        kv_units, snap_units, _ = self._walk(req)
+        kv_units, snap_units, _, _ = self._walk(req)
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
-    def _walk(self, req: Request) -> tuple[int, int, object]:
+    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Node]]:
         """The index walk for ``req``, reused while neither the index nor the request changed.
 
         ``add_request`` matches and the first ``allocate`` applies the match, usually with
         nothing registered or evicted in between: the walk is then done once, not twice.
+
+        Returns:
+            ``(kv_units, snap_units, snap_node, kv_run)``, see :meth:`PrefixIndex.walk`.
         """
         key = (self.index.version, req.num_tokens)
         if req.walk is None or req.walk[0] != key:
-            max_units = (req.num_tokens - 1) // self.unit
-            req.walk = (key, self.index.walk(req.hasher.digests, max_units))
+            run = self.index.kv_run(req.hasher.digests, (req.num_tokens - 1) // self.unit)
+            req.walk = (key, (len(run), *deepest_snapshot(run), run))
         return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -232,12 +235,11 @@ class HybridCacheManager:
     def _begin(self, req: Request) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        kv_units, snap_units, snap_node = self._walk(req)
+        kv_units, snap_units, snap_node, run = self._walk(req)
         hit_units = snap_units if self.has_state else kv_units
-        nodes = self.index.nodes
-        held = [nodes[d] for d in req.hasher.digests[:hit_units]]
+        held = run[:hit_units]
         self.index.hold_path(held)
-        req.nodes = list(held)
+        req.nodes = held
         req.pages = [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
@@ -276,15 +278,14 @@ class HybridCacheManager:
 
         The caller appends them to the request only once the whole step has succeeded.
         """
-        have, need = req.units_allocated, -(-end // self.unit)
-        new: list[list[int]] = [[] for _ in self.groups]
-        for _ in range(have, need):
-            for g in range(len(self.groups)):
-                p = self.index.alloc_page()
-                if p is None:
-                    raise OutOfSpaceError("no KV page can be freed: every page is in use")
-                undo.pages.append(p)
-                new[g].append(p)
+        n = -(-end // self.unit) - req.units_allocated
+        new: list[list[int]] = []
+        for _ in self.groups:
+            pages = self.index.alloc_pages(n) if n > 0 else []
+            undo.pages.extend(pages)
+            if len(pages) < n:
+                raise OutOfSpaceError("no KV page can be freed: every page is in use")
+            new.append(pages)
         return new
 
     def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
@@ -384,24 +385,28 @@ class HybridCacheManager:
 
     def _register_units(self, req: Request, full_units: int) -> None:
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        lookup, nodes, tables = index.nodes.get, req.nodes, req.pages
-        one = tables[0] if len(tables) == 1 else None
-        registered = 0
-        for i in range(len(nodes), full_units):
-            node = lookup(digests[i])
+        nodes, registered, i = req.nodes, 0, len(req.nodes)
+        while i < full_units:
+            node = index.nodes.get(digests[i])
             if node is not None and node.pages is not None:
                 index.hold_kv(node)  # duplicate: keep our private page, hold theirs
                 req.dup_pages.append(i)
-            elif quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.node_kv_bytes > quota:
-                self.metrics.quota_rejections += 1
-                break
-            else:
-                pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
-                # Depth-independent value: a prefix's head must never rank below its tail,
-                # or value eviction drops heads first and strands unreachable tails.
-                node = index.register_kv(digests[i], i, req.tenant, pages, self._unit_flops)
-                registered += len(pages)
-            nodes.append(node)
+                nodes.append(node)
+                i += 1
+                continue
+            end = full_units
+            if quota is not None:
+                room = (quota - index.tenant_bytes.get(req.tenant, 0)) // index.node_kv_bytes
+                if room <= 0:
+                    self.metrics.quota_rejections += 1
+                    break
+                end = min(end, i + room)
+            # Depth-independent value: a prefix's head must never rank below its tail,
+            # or value eviction drops heads first and strands unreachable tails.
+            run = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops)
+            nodes.extend(run)
+            i += len(run)
+            registered += len(run) * len(req.pages)
         self.metrics.kv_pages_registered += registered
 
     def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:

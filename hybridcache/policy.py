@@ -94,6 +94,12 @@ class EvictionQueue:
     def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
         raise NotImplementedError
 
+    def add_many(self, entries: list[tuple[object, float, int]], tick: int, nbytes: int) -> None:
+        """:meth:`add` of ``(item, flops, hits)`` entries that became evictable together
+        (the units of a released prefix, deepest first)."""
+        for item, flops, hits in entries:
+            self.add(item, tick, flops, nbytes, hits)
+
     def discard(self, item: object) -> None:
         raise NotImplementedError
 
@@ -163,20 +169,39 @@ class ValueQueue(EvictionQueue):
         self._scale = scale  # FLOPs per byte -> priority units
         self._evictable = evictable
         self._heap: list[tuple[float, int, object]] = []
-        self._live: dict[object, tuple[float, int]] = {}  # item -> (current priority, heap seq)
+        # item -> [current priority, heap seq]: mutable, so a hit updates it in place.
+        self._live: dict[object, list] = {}
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
         prio = self._clock.value + (hits if hits > 1 else 1) * flops / (nbytes or 1) / self._scale
-        live = self._live
-        cur = live.get(item)
+        cur = self._live.get(item)
         if cur is not None:
-            live[item] = (prio if prio > cur[0] else cur[0], cur[1])
+            if prio > cur[0]:
+                cur[0] = prio
             return
         self._seq += 1
-        live[item] = (prio, self._seq)
+        self._live[item] = [prio, self._seq]
         heap = self._heap
         heapq.heappush(heap, (prio, self._seq, item))
+        if len(heap) > 4 * len(self._live) + 4096:  # too many stale entries: rebuild
+            self._heap = [(p, q, it) for it, (p, q) in self._live.items()]
+            heapq.heapify(self._heap)
+
+    def add_many(self, entries, tick, nbytes):
+        # add() inlined: a released prefix is hundreds of units, most of them live already.
+        base, per = self._clock.value, 1.0 / (nbytes or 1) / self._scale
+        get, live, heap = self._live.get, self._live, self._heap
+        for item, flops, hits in entries:
+            prio = base + (hits if hits > 1 else 1) * flops * per
+            cur = get(item)
+            if cur is not None:
+                if prio > cur[0]:
+                    cur[0] = prio
+                continue
+            self._seq += 1
+            live[item] = [prio, self._seq]
+            heapq.heappush(heap, (prio, self._seq, item))
         if len(heap) > 4 * len(live) + 4096:  # too many stale entries: rebuild
             self._heap = [(p, q, it) for it, (p, q) in live.items()]
             heapq.heapify(self._heap)
@@ -199,7 +224,7 @@ class ValueQueue(EvictionQueue):
                 del live[item]
             elif cur[0] > prio:
                 self._seq += 1
-                live[item] = (cur[0], self._seq)
+                cur[1] = self._seq
                 heapq.heapreplace(heap, (cur[0], self._seq, item))
             else:
                 return

@@ -57,7 +57,7 @@ class Request:
         self.num_allocated = 0
         self.step_start = 0
         self.snap_marks: list[int] = []
-        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None]] | None = None
+        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list[Node]]] | None = None
 
     def last_snapshot_boundary(self, boundary: int) -> int:
         """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""

@@ -105,3 +105,47 @@ def test_double_free_inside_a_busy_block_is_rejected():
     arena.free_slot(a)
     with pytest.raises(ValueError):
         arena.free_slot(a)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    big_state=st.booleans(),
+    blocks=st.integers(1, 6),
+    ops=st.lists(
+        st.tuples(st.sampled_from(["page", "slot", "free", "bulk"]), st.integers(0, 10**6)),
+        max_size=120,
+    ),
+)
+def test_bulk_page_allocation_equals_one_by_one(big_state, blocks, ops):
+    """alloc_pages(n) returns exactly what n alloc_page() calls would, and leaves the
+    allocator in the same state (checked by replaying every op on a twin arena)."""
+    spec = tiny_spec(big_state=big_state)
+    probe = plan_layout(spec, 1 << 30, hash_unit=4)
+    lay = plan_layout(spec, blocks * probe.block_bytes, hash_unit=4)
+    bulk, single = Arena(lay), Arena(lay)
+    pages: list[int] = []
+    slots: list[int] = []
+    for op, r in ops:
+        if op == "bulk":
+            n = r % (2 * max(lay.pages_per_block, 1) + 2)
+            got = bulk.alloc_pages(n)
+            want = [p for p in (single.alloc_page() for _ in range(n)) if p is not None]
+            assert got == want
+            pages += got
+        elif op == "page":
+            p = bulk.alloc_page()
+            assert p == single.alloc_page()
+            if p is not None:
+                pages.append(p)
+        elif op == "slot":
+            s = bulk.alloc_slot()
+            assert s == single.alloc_slot()
+            if s is not None:
+                slots.append(s)
+        elif pages or slots:
+            pool = pages if (r % 2 == 0 and pages) or not slots else slots
+            e = pool.pop(r % len(pool))
+            (bulk.free_page if pool is pages else bulk.free_slot)(e)
+            (single.free_page if pool is pages else single.free_slot)(e)
+        assert bulk.pages_in_use == single.pages_in_use == len(pages)
+        assert bulk.stats() == single.stats()
