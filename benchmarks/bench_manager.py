@@ -80,7 +80,7 @@ def main() -> None:
     ap.add_argument("--model", default="kimi-linear-48b")
     ap.add_argument("--capacity", default="64GiB")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--units", default="16,64", help="hash units to run ours with")
+    ap.add_argument("--units", default="16,64,128", help="hash units to run ours with")
     args = ap.parse_args()
     spec = get_preset(args.model)
     cap = parse_size(args.capacity)
