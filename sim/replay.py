@@ -47,6 +47,8 @@ class RunResult:
     requests: int = 0
     rejected_requests: int = 0
     wall_s: float = 0.0
+    #: Seconds of tuning replays beyond ``wall_s`` (Marconi's losing alpha candidates).
+    tune_s: float = 0.0
     settings: dict[str, object] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, object]:
@@ -66,6 +68,7 @@ class RunResult:
             "requests": self.requests,
             "rejected_requests": self.rejected_requests,
             "wall_s": round(self.wall_s, 3),
+            "tune_s": round(self.tune_s, 3),
             "settings": dict(self.settings),
         }
 
@@ -147,6 +150,72 @@ def uses_block_digests(trace: Trace, hash_unit: int) -> bool:
     return trace.block_tokens > 0 and hash_unit == trace.block_tokens
 
 
+class Replay:
+    """A replay in progress: a fresh manager, its tally and the next request to serve.
+
+    Incremental (:meth:`advance` to any request index) so that Marconi's tuning can stop a
+    candidate at the end of its window, compare candidates, and continue the winner to the
+    end of the trace instead of replaying the window again: the manager is deterministic,
+    so the continued run is the run a fresh replay with the winning setting would give.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        spec: ModelSpec,
+        capacity_bytes: int,
+        config: CacheConfig,
+        digests: BlockDigests | None = None,
+    ) -> None:
+        self.trace, self.spec, self.capacity, self.config = trace, spec, capacity_bytes, config
+        self.mgr = HybridCacheManager(spec, capacity_bytes, config)
+        self.tally = Tally(spec)
+        self.digests: BlockDigests | None = None
+        if uses_block_digests(trace, config.hash_unit):
+            self.digests = digests if digests is not None else BlockDigests(trace)
+        self.next = 0
+        self.wall_s = 0.0
+
+    def advance(self, stop: int | None = None, progress: Progress | None = None) -> None:
+        """Serve requests ``next .. stop-1`` (to the end of the trace when ``stop`` is None).
+
+        ``progress`` is called with request counts in steps of about 1 % of the trace.
+        """
+        t0 = time.perf_counter()
+        reqs = self.trace.requests
+        stop = len(reqs) if stop is None else min(stop, len(reqs))
+        mgr, tally, trace, digests = self.mgr, self.tally, self.trace, self.digests
+        step = max(1, len(reqs) // 100)
+        done = 0
+        for i in range(self.next, stop):
+            _one(mgr, tally, trace, i, reqs[i], digests)
+            done += 1
+            if progress is not None and done == step:
+                progress(done)
+                done = 0
+        if progress is not None and done:
+            progress(done)
+        self.next = max(self.next, stop)
+        self.wall_s += time.perf_counter() - t0
+
+    @property
+    def evictions(self) -> int:
+        """Entries (KV units and snapshots) evicted so far."""
+        m = self.mgr.sync_metrics()
+        return m.evictions_kv + m.evictions_state
+
+    @property
+    def hit_tokens(self) -> int:
+        return sum(self.tally.hit.values())
+
+    def result(self, policy: str) -> RunResult:
+        """The outcome of the requests served so far."""
+        m = self.mgr.sync_metrics()
+        res = self.tally.result(policy, self.capacity, m.snapshots_saved, m.evictions_kv + m.evictions_state)
+        res.wall_s = self.wall_s
+        return res
+
+
 def replay(
     trace: Trace,
     spec: ModelSpec,
@@ -159,24 +228,9 @@ def replay(
     progress: Progress | None = None,
 ) -> RunResult:
     """Replay ``trace`` (its first ``limit`` requests) through a fresh manager."""
-    t0 = time.perf_counter()
-    mgr = HybridCacheManager(spec, capacity_bytes, config)
-    tally = Tally(spec)
-    reqs = trace.requests if limit is None else trace.requests[:limit]
-    block_mode = uses_block_digests(trace, config.hash_unit)
-    if block_mode and digests is None:
-        digests = BlockDigests(trace)
-    step = max(1, len(reqs) // 100)
-    for i, r in enumerate(reqs):
-        _one(mgr, tally, trace, i, r, digests if block_mode else None)
-        if progress is not None and (i + 1) % step == 0:
-            progress(step)
-    if progress is not None and len(reqs) % step:
-        progress(len(reqs) % step)
-    m = mgr.sync_metrics()
-    res = tally.result(policy, capacity_bytes, m.snapshots_saved, m.evictions_kv + m.evictions_state)
-    res.wall_s = time.perf_counter() - t0
-    return res
+    run = Replay(trace, spec, capacity_bytes, config, digests)
+    run.advance(limit, progress)
+    return run.result(policy)
 
 
 def _one(

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from hybridcache.errors import CapacityError
 from hybridcache.presets import get_preset
 from hybridcache.sim.policies import MARCONI_ALPHAS, PolicySetup, build_policy
-from hybridcache.sim.replay import BlockDigests, RunResult, replay
+from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
 from hybridcache.sim.traces import Trace
 
@@ -36,16 +36,31 @@ def default_unit(trace: Trace) -> int:
 
 def tune_marconi(
     trace: Trace, setup: PolicySetup, capacity: int, digests: BlockDigests | None
-) -> float:
-    """Marconi's alpha: the best token hit rate over a replay of the first part of the trace."""
+) -> tuple[float, Replay, float]:
+    """Marconi's alpha: the best token hit rate over a replay of the first part of the trace.
+
+    Returns the alpha, the winning candidate's replay stopped at the end of the window (the
+    caller continues it rather than replaying the window again) and the seconds spent on
+    the other candidates. Alpha only ranks eviction victims, so when the first candidate's
+    window evicted nothing every candidate would replay it identically: the first one
+    wins the tie, as it would after replaying all of them.
+    """
     n = max(int(len(trace.requests) * TUNE_FRACTION), min(TUNE_MIN_REQUESTS, len(trace.requests)))
-    best_alpha, best = MARCONI_ALPHAS[0], -1.0
+    best: Replay | None = None
+    best_alpha, extra = MARCONI_ALPHAS[0], 0.0
     for alpha in MARCONI_ALPHAS:
         cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
-        r = replay(trace, setup.spec, capacity, cfg, setup.name, limit=n, digests=digests)
-        if r.token_hit_rate > best + 1e-12:
-            best_alpha, best = alpha, r.token_hit_rate
-    return best_alpha
+        run = Replay(trace, setup.spec, capacity, cfg, digests)
+        run.advance(n)
+        if best is None or run.hit_tokens > best.hit_tokens:  # same prompts: compare hits
+            extra += best.wall_s if best is not None else 0.0
+            best, best_alpha = run, alpha
+        else:
+            extra += run.wall_s
+        if run.evictions == 0:
+            break
+    assert best is not None
+    return best_alpha, best, extra
 
 
 def run_one(
@@ -63,15 +78,19 @@ def run_one(
                             progress=bar.update if bar else None)
         res.settings = {"hash_unit": setup.config.hash_unit, "engine": "vllm KVCacheManager"}
         return res
-    cfg = setup.config
     settings = setup.describe()
+    tune_s = 0.0
     if setup.tune_marconi:
-        alpha = tune_marconi(trace, setup, capacity, digests)
-        cfg = dataclasses.replace(cfg, marconi_alpha=alpha)
+        alpha, run, tune_s = tune_marconi(trace, setup, capacity, digests)
         settings["marconi_alpha"] = alpha
-    res = replay(trace, setup.spec, capacity, cfg, setup.name, digests=digests,
-                 progress=bar.update if bar else None)
+        if bar is not None:
+            bar.update(run.next)
+    else:
+        run = Replay(trace, setup.spec, capacity, setup.config, digests)
+    run.advance(None, bar.update if bar else None)
+    res = run.result(setup.name)
     res.settings = settings
+    res.tune_s = tune_s
     return res
 
 
