@@ -23,7 +23,10 @@ from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
 from hybridcache.sim.traces import Trace
 
-#: Marconi tunes alpha by replaying this fraction of the trace (at least MIN requests).
+#: Marconi tunes alpha once the cache has filled: each candidate replays the trace up to
+#: TUNE_AFTER_FILL times the requests that filled it (at least TUNE_MIN_REQUESTS, at most
+#: TUNE_FRACTION of the trace).
+TUNE_AFTER_FILL = 2
 TUNE_FRACTION = 0.15
 TUNE_MIN_REQUESTS = 50
 
@@ -34,32 +37,57 @@ def default_unit(trace: Trace) -> int:
     return trace.block_tokens or 16
 
 
+def tune_window(requests: int, filled: int | None) -> int:
+    """Requests each alpha candidate replays, given the request count that first filled
+    the cache (``None``: not within the longest window).
+
+    Candidates differ only in what they evict, so the window must run past the first
+    eviction; ``TUNE_AFTER_FILL`` fills' worth of requests lets roughly the whole cache be
+    replaced once by each candidate's choices (Marconi tunes once the cache first fills,
+    on a replay of the requests seen). The cap bounds the tuning cost on caches that fill
+    late; there the window evicts nothing and every candidate would tie.
+    """
+    low = min(TUNE_MIN_REQUESTS, requests)
+    cap = max(int(requests * TUNE_FRACTION), low)
+    if filled is None:
+        return cap
+    return min(cap, max(low, TUNE_AFTER_FILL * filled))
+
+
 def tune_marconi(
     trace: Trace, setup: PolicySetup, capacity: int, digests: BlockDigests | None
 ) -> tuple[float, Replay, float]:
-    """Marconi's alpha: the best token hit rate over a replay of the first part of the trace.
+    """Marconi's alpha: the best token hit rate of the candidates over the tuning window.
 
     Returns the alpha, the winning candidate's replay stopped at the end of the window (the
     caller continues it rather than replaying the window again) and the seconds spent on
-    the other candidates. Alpha only ranks eviction victims, so when the first candidate's
-    window evicted nothing every candidate would replay it identically: the first one
+    the other candidates. Alpha only ranks eviction victims, so every candidate replays the
+    requests before the first eviction identically (the first candidate finds where that
+    is) and, when the window evicts nothing, the whole window: the first candidate then
     wins the tie, as it would after replaying all of them.
     """
-    n = max(int(len(trace.requests) * TUNE_FRACTION), min(TUNE_MIN_REQUESTS, len(trace.requests)))
-    best: Replay | None = None
-    best_alpha, extra = MARCONI_ALPHAS[0], 0.0
-    for alpha in MARCONI_ALPHAS:
+    def candidate(alpha: float) -> Replay:
         cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
-        run = Replay(trace, setup.spec, capacity, cfg, digests)
+        return Replay(trace, setup.spec, capacity, cfg, digests)
+
+    best = candidate(MARCONI_ALPHAS[0])
+    n = tune_window(len(trace.requests), None)
+    while best.next < n and best.evictions == 0:
+        best.advance(best.next + 1)
+    if best.evictions == 0:
+        return MARCONI_ALPHAS[0], best, 0.0
+    n = tune_window(len(trace.requests), best.next)
+    best.advance(n)
+    best_alpha, extra = MARCONI_ALPHAS[0], 0.0
+    for alpha in MARCONI_ALPHAS[1:]:
+        run = candidate(alpha)
         run.advance(n)
-        if best is None or run.hit_tokens > best.hit_tokens:  # same prompts: compare hits
-            extra += best.wall_s if best is not None else 0.0
+        # Same prompts in every window: compare hit tokens; ties keep the earlier alpha.
+        if run.hit_tokens > best.hit_tokens:
+            extra += best.wall_s
             best, best_alpha = run, alpha
         else:
             extra += run.wall_s
-        if run.evictions == 0:
-            break
-    assert best is not None
     return best_alpha, best, extra
 
 
@@ -83,6 +111,7 @@ def run_one(
     if setup.tune_marconi:
         alpha, run, tune_s = tune_marconi(trace, setup, capacity, digests)
         settings["marconi_alpha"] = alpha
+        settings["marconi_tune_requests"] = run.next
         if bar is not None:
             bar.update(run.next)
     else:

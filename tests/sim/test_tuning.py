@@ -13,10 +13,10 @@ import dataclasses
 from hybridcache.sim.generate import generate
 from hybridcache.sim.policies import MARCONI_ALPHAS, build_policy
 from hybridcache.sim.replay import Replay, replay
-from hybridcache.sim.runner import run_one, tune_marconi
+from hybridcache.sim.runner import TUNE_MIN_REQUESTS, run_one, tune_marconi, tune_window
 from hybridcache.sim.traces import Trace
 
-SMALL = 2 << 30  # evicts on the mixed workload below, and its alphas differ
+SMALL = 3 << 30  # evicts on the mixed workload below, and a later alpha wins its window
 BIG = 64 << 30  # holds all of it
 
 
@@ -52,6 +52,7 @@ def test_tuning_matches_replaying_every_candidate(kimi):
         cfg = dataclasses.replace(setup.config, marconi_alpha=a)
         rates.append(replay(t, kimi, SMALL, cfg, "marconi", limit=n).hit_tokens)
     assert alpha == MARCONI_ALPHAS[rates.index(max(rates))]  # first of the best
+    assert len(set(rates)) > 1  # the candidates did differ
     # The continued winner is the fresh replay with the winning alpha.
     res = run_one(t, setup, SMALL)
     cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
@@ -63,3 +64,14 @@ def test_no_eviction_in_the_window_skips_the_other_candidates(kimi):
     t = mixed()
     alpha, best, extra = tune_marconi(t, build_policy("marconi", kimi, 16), BIG, None)
     assert (alpha, extra, best.evictions) == (MARCONI_ALPHAS[0], 0.0, 0)
+
+
+def test_tune_window_follows_the_fill():
+    # Two fills' worth of requests, at least the minimum, at most 15 % of the trace.
+    assert tune_window(4000, 67) == 134
+    assert tune_window(4000, 260) == 520
+    assert tune_window(4000, 20) == TUNE_MIN_REQUESTS
+    assert tune_window(4000, 500) == 600
+    assert tune_window(4000, None) == 600
+    assert tune_window(120, 30) == tune_window(120, None) == TUNE_MIN_REQUESTS
+    assert tune_window(10, None) == 10
