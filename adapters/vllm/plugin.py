@@ -2,8 +2,10 @@
 
 vLLM calls :func:`register` in every process it starts, whether or not hybridcache is
 used, so it does no heavy work and never raises. The scheduler needs no registration
-(``--scheduler-cls`` takes its qualified name); ``register`` only reports, once, whether
-this vLLM is one the adapter supports, so a mismatch is visible before anyone selects it.
+(``--scheduler-cls`` takes its qualified name). ``register`` reports, once, whether this
+vLLM is one the adapter supports, and registers ``HybridCacheConnector`` by name with
+vLLM's ``KVConnectorFactory`` (lazily: the connector module is imported only when a
+``kv_transfer_config`` names it), so ``kv_connector_module_path`` may be omitted.
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import logging
 logger = logging.getLogger("hybridcache.adapters.vllm")
 
 SCHEDULER_CLS = "hybridcache.adapters.vllm.HybridCacheScheduler"
+CONNECTOR_NAME = "HybridCacheConnector"
+CONNECTOR_MODULE = "hybridcache.adapters.vllm.connector"
 
 
 def register() -> None:
-    """Harmless hook: log support status; never import the adapter or raise."""
+    """Harmless hook: log support status, register the connector; never raise."""
     try:
         from .version import SUPPORTED_VLLM, installed_vllm_version, is_supported
 
@@ -28,5 +32,22 @@ def register() -> None:
                 ", ".join(SUPPORTED_VLLM),
                 SCHEDULER_CLS,
             )
+            return
     except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
         logger.debug("hybridcache plugin: version probe failed: %s", exc)
+        return
+    register_connector()
+
+
+def register_connector() -> bool:
+    """Register ``HybridCacheConnector`` with vLLM's factory; ``True`` if it is registered."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        registry = getattr(KVConnectorFactory, "_registry", {})
+        if CONNECTOR_NAME not in registry:
+            KVConnectorFactory.register_connector(CONNECTOR_NAME, CONNECTOR_MODULE, CONNECTOR_NAME)
+        return True
+    except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
+        logger.debug("hybridcache plugin: connector registration failed: %s", exc)
+        return False
