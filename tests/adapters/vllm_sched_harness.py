@@ -69,11 +69,13 @@ def write_config_dir(path: Path) -> Path:
 def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max_num_seqs: int = 8,
                    max_batched: int = 1024, additional_config: dict | None = None,
                    mamba_cache_mode: str = "align", mamba_groups: int = 1,
-                   long_prefill_token_threshold: int = 0) -> Any:
+                   long_prefill_token_threshold: int = 0,
+                   kv_transfer_config: Any = None) -> Any:
     """A scheduler over a hand-built hybrid ``KVCacheConfig``.
 
     ``mamba_groups`` GDN groups (vLLM splits many recurrent layers into several groups of
-    one block table each) and one attention group.
+    one block table each) and one attention group. ``kv_transfer_config`` (a vLLM
+    ``KVTransferConfig``) configures a KV connector.
     """
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -97,6 +99,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
                                  mamba_cache_mode=mamba_cache_mode),
         additional_config=additional_config or {},
+        kv_transfer_config=kv_transfer_config,
     )
     mamba = MambaSpec(block_size=BLOCK, shapes=((4, 130), (1, 128, 128)),
                       dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode=mamba_cache_mode,
