@@ -3,7 +3,7 @@
 Run as a script in a fresh process (vLLM keeps process-wide state)::
 
     python vllm_e2e_workload.py MODEL_DIR OUT.json [--scheduler-cls QUALNAME]
-        [--additional-config JSON]
+        [--additional-config JSON] [--kv-transfer-config JSON]
 
 The workload (token ids drawn from a seeded RNG, so both runs see the same prompts):
 
@@ -14,7 +14,8 @@ The workload (token ids drawn from a seeded RNG, so both runs see the same promp
 
 Output JSON: ``{"requests": [{"name", "prompt_len", "num_cached_tokens", "output",
 "logprobs"}],
-"block_size", "hybridcache": stats or null, "startup_s", "total_s"}``.
+"block_size", "hybridcache": stats or null, "connector": HybridCacheConnector counters or
+null, "startup_s", "total_s"}``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,8 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(2, 512) for _ in range(n)]
 
 
-def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: str) -> dict:
+def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: str,
+        kv_transfer: dict | None = None) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -56,6 +58,8 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         kw["scheduler_cls"] = scheduler_cls
     if additional:
         kw["additional_config"] = additional
+    if kv_transfer:
+        kw["kv_transfer_config"] = kv_transfer
     llm = LLM(**kw)
     startup = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
@@ -100,9 +104,22 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         requests=results,
         block_size=sched.block_size,
         hybridcache=stats,
+        connector=_connector_stats(sched),
         startup_s=startup,
         total_s=time.time() - t0,
     )
+
+
+def _connector_stats(sched) -> dict | None:
+    """Both roles' counters of a HybridCacheConnector (one process: the worker's connector
+    is vLLM's process-wide KV transfer group); waits for queued saves to reach the tier."""
+    if not hasattr(sched.connector, "scheduler_stats"):
+        return None
+    from vllm.distributed.kv_transfer import get_kv_transfer_group
+
+    worker = get_kv_transfer_group()
+    worker.tier.flush(timeout_s=30)
+    return dict(scheduler=sched.connector.scheduler_stats(), worker=worker.worker_stats())
 
 
 def main() -> None:
@@ -112,9 +129,11 @@ def main() -> None:
     ap.add_argument("--scheduler-cls", default=None)
     ap.add_argument("--additional-config", default=None)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-transfer-config", default=None)
     a = ap.parse_args()
     extra = json.loads(a.additional_config) if a.additional_config else None
-    res = run(a.model, a.scheduler_cls, extra, a.dtype)
+    ktc = json.loads(a.kv_transfer_config) if a.kv_transfer_config else None
+    res = run(a.model, a.scheduler_cls, extra, a.dtype, ktc)
     with open(a.out, "w") as f:
         json.dump(res, f)
 
