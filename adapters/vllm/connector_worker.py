@@ -92,6 +92,11 @@ class BlockIO:
         out = torch.stack([v.index_select(0, idx) for v in views], dim=1)
         return out.to("cpu") if out.device.type != "cpu" else out
 
+    def write_block(self, gid: int, block_id: int, piece: torch.Tensor) -> None:
+        """Copy one block (``[layers, ...]``) into ``block_id`` of every layer of ``gid``."""
+        for li, v in enumerate(self.layers[gid]):
+            v[block_id].copy_(piece[li])
+
     def scatter(self, gid: int, block_ids: Sequence[int], data: torch.Tensor) -> None:
         """Write ``data`` (``[len(block_ids), layers, ...]``) into the blocks, in place."""
         views = self.layers[gid]
@@ -152,13 +157,14 @@ class WorkerSide:
                     self.stats.load_failures += 1
                     return False
             nbytes = 0
-            for g in self.kv_groups:
-                data = torch.stack([e.pieces[f"kv.{g}"] for e in entries])  # type: ignore[union-attr]
-                self.io.scatter(g, job.kv_blocks[g], data)
-                nbytes += data.numel() * data.element_size()
+            for g in self.kv_groups:  # straight from the tier's buffers: no staging copy
+                for entry, block_id in zip(entries, job.kv_blocks[g], strict=True):
+                    piece = entry.pieces[f"kv.{g}"]  # type: ignore[union-attr]
+                    self.io.write_block(g, block_id, piece)
+                    nbytes += piece.numel() * piece.element_size()
             for g in self.state_groups:
-                state = entries[-1].pieces[f"state.{g}"].unsqueeze(0)  # type: ignore[union-attr]
-                self.io.scatter(g, [job.state_blocks[g]], state)
+                state = entries[-1].pieces[f"state.{g}"]  # type: ignore[union-attr]
+                self.io.write_block(g, job.state_blocks[g], state)
                 nbytes += state.numel() * state.element_size()
         except Exception as exc:  # noqa: BLE001 - a failed load is a miss, never a crash
             logger.warning("HybridCacheConnector: load of %s failed: %r", job.req_id, exc)
