@@ -16,7 +16,9 @@ from hybridcache.sim.replay import Replay, replay
 from hybridcache.sim.runner import TUNE_MIN_REQUESTS, run_one, tune_marconi, tune_window
 from hybridcache.sim.traces import Trace
 
-SMALL = 3 << 30  # evicts on the mixed workload below, and a later alpha wins its window
+SMALL = 2 << 30  # evicts on the mixed workload below
+#: Capacities that evict on it; the candidates' windows differ on at least one of them.
+TUNED = (1 << 30, 2 << 30, 3 << 30)
 BIG = 64 << 30  # holds all of it
 
 
@@ -44,20 +46,21 @@ def test_advance_in_pieces_equals_one_replay(kimi):
 def test_tuning_matches_replaying_every_candidate(kimi):
     t = mixed()
     setup = build_policy("marconi", kimi, 16)
-    alpha, best, extra = tune_marconi(t, setup, SMALL, None)
-    n = best.next
-    assert best.evictions > 0 and 0 < n < len(t.requests) and extra > 0
-    rates = []
-    for a in MARCONI_ALPHAS:
-        cfg = dataclasses.replace(setup.config, marconi_alpha=a)
-        rates.append(replay(t, kimi, SMALL, cfg, "marconi", limit=n).hit_tokens)
-    assert alpha == MARCONI_ALPHAS[rates.index(max(rates))]  # first of the best
-    assert len(set(rates)) > 1  # the candidates did differ
-    # The continued winner is the fresh replay with the winning alpha.
-    res = run_one(t, setup, SMALL)
-    cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
-    assert res.settings["marconi_alpha"] == alpha
-    assert fields(res) == fields(replay(t, kimi, SMALL, cfg, "marconi"))
+    differed = False
+    for cap in TUNED:
+        res = run_one(t, setup, cap)
+        alpha, n = res.settings["marconi_alpha"], res.settings["marconi_tune_requests"]
+        assert 0 < n < len(t.requests) and res.tune_s > 0
+        rates = []
+        for a in MARCONI_ALPHAS:
+            cfg = dataclasses.replace(setup.config, marconi_alpha=a)
+            rates.append(replay(t, kimi, cap, cfg, "marconi", limit=n).hit_tokens)
+        assert alpha == MARCONI_ALPHAS[rates.index(max(rates))]  # first of the best
+        differed |= len(set(rates)) > 1
+        # The continued winner is the fresh replay with the winning alpha.
+        cfg = dataclasses.replace(setup.config, marconi_alpha=alpha)
+        assert fields(res) == fields(replay(t, kimi, cap, cfg, "marconi"))
+    assert differed  # at some capacity the candidates did not all tie
 
 
 def test_no_eviction_in_the_window_skips_the_other_candidates(kimi):
