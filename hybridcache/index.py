@@ -16,16 +16,19 @@ ancestor is recomputed), exactly like vLLM's hash-keyed blocks. ``match`` walks 
 the first unit and stops at the first unit without KV.
 
 Eviction frees entries until the arena can allocate what is asked. KV pages are evicted in
-whole nodes. When a *state slot* is needed and the lowest-ranked victim is KV, the victim's
-whole slab is evicted if every page in it is evictable, since a slot needs an empty block
-(new pages fill one slab at a time, so slab mates are usually of the same age).
+whole nodes. A *state slot* needs an empty block, so while one is needed the KV victims are
+taken, in rank order, only from slabs that no running request pins (every page in them is
+evictable): evicting a page of a pinned slab would destroy a cached entry without bringing a
+free block closer. Victims are still single entries of the lowest rank, never whole slabs:
+slab mates can be the most valuable entries in the cache (measured: evicting the victim's
+whole slab cost up to half the hit rate at small budgets).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from hybridcache.arena import KV, Arena
+from hybridcache.arena import Arena
 from hybridcache.policy import (
     Clock,
     EvictionQueue,
@@ -92,8 +95,6 @@ class PrefixIndex:
         self.page_owner: dict[int, Node] = {}
         self._evictable_pages = [0] * arena.layout.num_blocks
         self._ppb = max(arena.layout.pages_per_block, 1)
-        # KV slabs that became fully evictable, oldest first; validated lazily when used.
-        self._idle_slabs: dict[int, None] = {}
         self._marconi_ranked: list[tuple[str, Node]] = []
         self.marconi_alpha = marconi_alpha
         self.marconi_window = marconi_window
@@ -140,7 +141,6 @@ class PrefixIndex:
         """A request stopped using these nodes' pages; at zero references they become
         evictable. Deepest first: under LRU the tail of a prefix goes before its head."""
         ev, ppb = self._evictable_pages, self._ppb
-        used, idle = self.arena.used_per_block, self._idle_slabs
         freed: list[tuple[Node, float, int]] = []
         add = freed.append
         for node in reversed(nodes):
@@ -150,12 +150,7 @@ class PrefixIndex:
                 pages = node.pages
                 if pages is not None:
                     for p in pages:
-                        b = p // ppb
-                        e = ev[b] + 1
-                        ev[b] = e
-                        if e == used[b]:
-                            idle.pop(b, None)
-                            idle[b] = None
+                        ev[p // ppb] += 1
                     add((node, node.kv_flops, node.kv_hits))
             elif ref < 0:
                 raise AssertionError(f"negative kv_ref on {node}")
@@ -296,16 +291,25 @@ class PrefixIndex:
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 
-    def _marconi_next(self) -> tuple[str, Node] | None:
-        """Next entry of the cached Marconi ranking that is still evictable, re-ranking
-        when the ranking is used up."""
-        for _ in range(2):
-            ranking = self._marconi_ranked
+    def _marconi_next(self, pred: Callable[[Node], bool] | None) -> tuple[str, Node] | None:
+        """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
+        satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
+        for ``pred`` keep their place at the low end of the ranking."""
+        for attempt in range(2):
+            ranking, skipped, found = self._marconi_ranked, [], None
             while ranking:
                 kind, node = ranking.pop()
                 q = self.kv_q if kind == "kv" else self.snap_q
-                if node in q.eff:  # type: ignore[attr-defined]
-                    return kind, node
+                if node not in q.eff:  # type: ignore[attr-defined]
+                    continue
+                if pred is not None and kind == "kv" and not pred(node):
+                    skipped.append((kind, node))
+                    continue
+                found = (kind, node)
+                break
+            ranking.extend(reversed(skipped))
+            if found is not None or attempt:
+                return found
             ranked = marconi_ranking(
                 {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
                 self.marconi_alpha,
@@ -314,10 +318,15 @@ class PrefixIndex:
             self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
         return None
 
-    def _choose(self) -> tuple[str, Node] | None:
+    def _choose(self, pred: Callable[[Node], bool] | None, aside: list) -> tuple[str, Node] | None:
+        """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
+        (see :meth:`EvictionQueue.first` for ``aside``)."""
         if self.eviction == "marconi":
-            return self._marconi_next()
-        a = self.kv_q.peek()
+            # Marconi ranks a bounded window of candidates: if none of its KV candidates
+            # is in an unpinned slab, take its best entry rather than stall.
+            got = self._marconi_next(pred)
+            return got if got is not None or pred is None else self._marconi_next(None)
+        a = self.kv_q.first(pred, aside) if pred is not None else self.kv_q.peek()
         b = self.snap_q.peek()
         if a is None and b is None:
             return None
@@ -325,72 +334,46 @@ class PrefixIndex:
             return "kv", a[1]  # type: ignore[index,return-value]
         return "state", b[1]  # type: ignore[return-value]
 
-    def evict_one(self, for_slot: bool) -> bool:
+    def _in_unpinned_slab(self, node: Node) -> bool:
+        """Evicting ``node`` brings a free block closer: one of its slabs holds only
+        evictable pages (no running request's page, cached or private)."""
+        ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
+        return any(ev[p // ppb] == used[p // ppb] for p in node.pages)  # type: ignore[union-attr]
+
+    def evict_one(self, for_slot: bool, aside: list | None = None) -> bool:
         """Evict the lowest-ranked entry; returns False when nothing is evictable.
 
         Args:
-            for_slot: the caller needs a state slot, so a KV victim's whole slab goes if it
-                can (a slot needs an empty block when snapshots are larger than pages).
+            for_slot: the caller needs a state slot (an empty block when snapshots are
+                larger than pages): KV victims come only from slabs no request pins.
+            aside: KV entries of pinned slabs skipped so far in this allocation; the
+                caller puts them back in the queue (``kv_q.put_back``) when it is done.
         """
-        choice = self._choose()
+        pred = None
+        if for_slot and self.arena.layout.pages_per_block > 1:
+            pred = self._in_unpinned_slab
+        if aside is None:
+            own: list = []
+            choice = self._choose(pred, own)
+            self.kv_q.put_back(own)
+        else:
+            choice = self._choose(pred, aside)
         if choice is None:
             return False
         kind, node = choice
         if kind == "state":
             self._pop(self.snap_q, node)
             self.evict_snapshot(node)
-            return True
-        lay = self.arena.layout
-        if for_slot and node.pages and lay.pages_per_block > 1:
-            block = self._idle_slab(node)
-            if block is not None:
-                self._evict_slab(block)
-                return True
-        self._pop(self.kv_q, node)
-        self.evict_kv(node)
+        else:
+            self._pop(self.kv_q, node)
+            self.evict_kv(node)
         return True
-
-    def _idle_slab(self, first: Node) -> int | None:
-        """A KV slab whose pages are all evictable: the victim's own, else the slab that
-        became idle longest ago.
-
-        A state slot needs a whole empty block; evicting the victims one by one would
-        scatter the damage over slabs that a running request keeps pinned anyway. Idle
-        slabs are recorded when their last page becomes evictable and re-checked here
-        (a page allocated or held since then makes the entry stale), so this is O(1)
-        amortised.
-        """
-        ppb, used, ev = self._ppb, self.arena.block_used, self._evictable_pages
-        kinds = self.arena.block_kind
-        block = first.pages[0] // ppb  # type: ignore[index]
-        if ev[block] == used(block):
-            return block
-        idle = self._idle_slabs
-        while idle:
-            b = next(iter(idle))
-            del idle[b]
-            if kinds(b) == KV and 0 < used(b) == ev[b]:
-                return b
-        return None
 
     def _pop(self, q: EvictionQueue, node: Node) -> None:
         if isinstance(q, ValueQueue):
-            top = q.peek()
-            if top is not None and top[1] is node:
-                q.pop()  # advances the GreedyDual clock
-                return
+            q.evicted(node)  # advances the GreedyDual clock to the victim's priority
+            return
         q.discard(node)
-
-    def _evict_slab(self, block: int) -> None:
-        ppb = self.arena.layout.pages_per_block
-        seen: list[Node] = []
-        for p in range(block * ppb, (block + 1) * ppb):
-            owner = self.page_owner.get(p)
-            if owner is not None and owner.pages is not None and owner not in seen:
-                seen.append(owner)
-        for owner in seen:
-            if owner.pages is not None and owner.kv_ref == 0:
-                self.evict_kv(owner)
 
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
@@ -411,13 +394,21 @@ class PrefixIndex:
         return out
 
     def alloc_slot(self) -> int | None:
-        """A state slot, evicting as needed; ``None`` when nothing more can be evicted."""
-        while True:
-            s = self.arena.alloc_slot()
-            if s is not None:
-                return s
-            if not self.evict_one(for_slot=True):
-                return None
+        """A state slot, evicting as needed; ``None`` when nothing more can be evicted
+        (or only KV in slabs that running requests pin, which would free no block)."""
+        s = self.arena.alloc_slot()
+        if s is not None:
+            return s
+        aside: list = []  # pinned-slab KV entries: set aside once for the whole loop
+        try:
+            while s is None:
+                if not self.evict_one(for_slot=True, aside=aside):
+                    return None
+                s = self.arena.alloc_slot()
+            return s
+        finally:
+            if aside:
+                self.kv_q.put_back(aside)
 
     def clear(self) -> int:
         """Evict every evictable entry; returns how many were evicted."""

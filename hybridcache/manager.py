@@ -325,7 +325,10 @@ class HybridCacheManager:
         return tuple(out)
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
-        d = req.hasher.digests[boundary // self.unit - 1]
+        u = boundary // self.unit - 1
+        if u >= len(req.hasher.digests):
+            return False  # decode tokens not known yet: new content, never seen before
+        d = req.hasher.digests[u]
         n = self._seen.get(d, 0) + 1
         if len(self._seen) > 1_000_000:
             self._seen.clear()

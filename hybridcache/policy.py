@@ -110,6 +110,19 @@ class EvictionQueue:
     def peek(self) -> tuple[float, object] | None:
         raise NotImplementedError
 
+    def first(self, pred: Callable[[object], bool], aside: list) -> tuple[float, object] | None:
+        """The lowest-ranked entry satisfying ``pred`` (left in the queue), or ``None``.
+
+        Lower-ranked entries that fail ``pred`` are moved into ``aside`` so that a caller
+        evicting many victims under the same ``pred`` scans each of them once; the caller
+        must hand ``aside`` back to :meth:`put_back` when done.
+        """
+        raise NotImplementedError
+
+    def put_back(self, aside: list) -> None:
+        """Return the entries :meth:`first` set aside, in their original ranks."""
+        raise NotImplementedError
+
     def pop(self) -> object | None:
         raise NotImplementedError
 
@@ -135,6 +148,23 @@ class LRUQueue(EvictionQueue):
             return None
         item, tick = next(iter(self._od.items()))
         return float(tick), item
+
+    def first(self, pred, aside):
+        od = self._od
+        while od:
+            item, tick = next(iter(od.items()))
+            if pred(item):
+                return float(tick), item
+            del od[item]
+            aside.append((item, tick))
+        return None
+
+    def put_back(self, aside):
+        od = self._od
+        for item, tick in reversed(aside):
+            od[item] = tick
+            od.move_to_end(item, last=False)
+        aside.clear()
 
     def pop(self):
         if not self._od:
@@ -236,6 +266,24 @@ class ValueQueue(EvictionQueue):
         prio, _, item = self._heap[0]
         return prio, item
 
+    def first(self, pred, aside):
+        # Live entries popped into ``aside`` keep their sequence numbers: pushed back
+        # later they are exactly as valid as before (or found stale by _clean).
+        heap = self._heap
+        while True:
+            self._clean()
+            if not heap:
+                return None
+            top = heap[0]
+            if pred(top[2]):
+                return top[0], top[2]
+            aside.append(heapq.heappop(heap))
+
+    def put_back(self, aside):
+        for entry in aside:
+            heapq.heappush(self._heap, entry)
+        aside.clear()
+
     def pop(self):
         self._clean()
         if not self._heap:
@@ -244,6 +292,13 @@ class ValueQueue(EvictionQueue):
         del self._live[item]
         self._clock.value = max(self._clock.value, prio)
         return item
+
+    def evicted(self, item) -> None:
+        """``item`` was chosen as a victim (maybe not the top one): drop it and age the
+        clock to its priority, as GreedyDual does for every victim."""
+        cur = self._live.pop(item, None)
+        if cur is not None and cur[0] > self._clock.value:
+            self._clock.value = cur[0]
 
     def __len__(self):
         return len(self._live)

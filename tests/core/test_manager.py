@@ -130,7 +130,7 @@ def test_eviction_trades_snapshots_for_pages():
     assert s.used_bytes <= s.capacity_bytes
 
 
-def test_slot_need_evicts_a_whole_idle_kv_slab():
+def test_slot_need_takes_kv_victims_only_from_unpinned_slabs():
     spec = tiny_spec()
     probe = mgr(spec=spec)
     m = mgr(spec=spec, capacity=3 * probe.layout.block_bytes, admission="none", eviction="lru")
@@ -139,10 +139,30 @@ def test_slot_need_evicts_a_whole_idle_kv_slab():
     m.add_request("b", [7] * 3)
     a = m.allocate("b", 3, num_draft=1)  # running slot (free block) + draft slot: a slab must go
     assert len(a.draft_slots) == 1
-    # one page for b's KV, then exactly one idle slab of 9 pages for the draft slot (not the
-    # 8 pages left in the slab that b's new page pins, one by one)
+    # one page for b's KV, then the 9 pages of the one slab no request pins for the draft
+    # slot; the 8 cached pages left in the slab that b's new page pins are kept, although
+    # LRU ranks them first (they were the deepest units of a)
     assert m.index.evictions["kv"] == 10
     assert m.arena.stats().state_blocks == 2 and m.arena.stats().kv_blocks == 1
+
+
+def test_slot_need_spares_hot_slab_mates_of_the_victim():
+    """The victim's slab mates can be the hottest entries: a slot need evicts entries in
+    rank order, never the victim's whole slab (which here holds y's head)."""
+    spec = tiny_spec()
+    probe = mgr(spec=spec)
+    assert probe.layout.pages_per_block == 9
+    m = mgr(spec=spec, capacity=4 * probe.layout.block_bytes, admission="last-token", eviction="lru")
+    x = list(range(1000, 1020))  # 5 units: pages 0-4 of slab 0
+    y = list(range(2000, 2033))  # 8 full units: pages 5-8 (slab 0) and 9-12 (slab 1)
+    serve(m, "x", x)
+    serve(m, "y", y)
+    assert serve(m, "y2", y)[0].hit_tokens == 32  # y is hot, x is the oldest entry
+    m.add_request("z", list(range(3000, 3004)))
+    m.allocate("z", 4, num_draft=1)  # running slot + draft slot: one block must be freed
+    m.free("z", finished=False)
+    assert m.index.evictions["kv"] == 5  # x's units only (a whole slab would be 9)
+    assert m.add_request("y3", y).kv_hit_tokens == 32  # y's head, in x's slab, survived
 
 
 def test_out_of_space_changes_nothing():
