@@ -1,4 +1,4 @@
-"""Run hybridcache inside vLLM: specs from vLLM's cache config and a drop-in scheduler.
+"""Run hybridcache inside vLLM: a drop-in scheduler, and a KV connector to host / Redis tiers.
 
 Importing this package checks the installed vLLM first (:mod:`.version`, which reads
 package metadata only): without vLLM the error says to install the ``vllm`` extra; with a
@@ -18,6 +18,7 @@ from .version import SUPPORTED_VLLM, UnsupportedVllmError, check_vllm_version
 VLLM_VERSION = check_vllm_version()
 
 _LAZY = {
+    "HybridCacheConnector": ".connector",
     "HybridCacheScheduler": ".scheduler",
     "cache_config_from": ".scheduler",
     "HybridKVCacheManager": ".manager",
