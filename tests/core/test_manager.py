@@ -302,3 +302,16 @@ def test_cancel_save_registers_nothing_and_frees_the_slot():
     assert not m.cached_snapshot_slots()
     with pytest.raises(InvalidRequestError, match="no save point"):
         m.cancel_save("a", 8)
+
+
+def test_min_seen_skips_save_points_whose_tokens_are_not_known_yet():
+    # interval:8 with 6 prompt tokens + 12 decode tokens allocated at once: boundaries 8 and
+    # 16 lie past the known tokens; with min_seen=2 they count as never seen (no IndexError)
+    m = mgr(admission="interval:8", min_seen=2)
+    m.add_request("a", list(range(6)))
+    a = m.allocate("a", 18)
+    assert a.save_points == ()
+    m.append_tokens("a", list(range(100, 112)))
+    m.commit("a", 18)
+    m.free("a")
+    assert m.metrics.snapshots_saved == 0
