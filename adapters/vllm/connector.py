@@ -41,6 +41,7 @@ How it follows vLLM 0.32:
 
 from __future__ import annotations
 
+import atexit
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -186,7 +187,12 @@ class HybridCacheConnector(KVConnectorBase_V1, SupportsHMA):
         return None, res.finished_recving or None
 
     def shutdown(self) -> None:
-        self.tier.flush(timeout_s=10.0)
+        """Flush queued saves; close this connector's RedisTier (a HostTier is shared)."""
+        if self.config.tier == "redis":
+            self.tier.close()
+            atexit.unregister(self.tier.close)
+        else:
+            self.tier.flush(timeout_s=10.0)
 
     def worker_stats(self) -> dict[str, Any]:
         """The worker side's counters (empty on the scheduler side)."""

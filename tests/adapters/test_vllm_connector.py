@@ -156,6 +156,8 @@ def test_redis_across_schedulers_and_bytes(model_dir, redis_server):
     assert external(s2) > 0 and second.outputs == first.outputs
     assert w2.connector.worker_stats()["load_failures"] == 0
     assert w2.connector.worker_stats()["bytes_loaded"] > 0
+    for conn in (s1.connector, w1.connector, s2.connector, w2.connector):
+        conn.shutdown()  # closes its RedisTier (flushing first)
 
 
 def _flip_chunks(redis_server) -> int:
