@@ -31,7 +31,7 @@ from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
 from hybridcache.index import Node, PrefixIndex, deepest_snapshot
-from hybridcache.metrics import CacheMetrics
+from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
 from hybridcache.requests import Request, admission_points
@@ -433,6 +433,22 @@ class HybridCacheManager:
         self.index.register_snapshot(node, slot, flops, self.tick)
         self.metrics.snapshots_saved += 1
 
+    def _demote_prompt_end(self, req: Request, turn_end: int) -> None:
+        """Rank an unused prompt-end snapshot last once the turn-end one is cached.
+
+        The next turn resumes from the turn end, so the prompt-end state only serves a
+        repeat of the same prompt: it stays cached while memory is free (requests running
+        concurrently with the same prompt need it) and goes first under pressure. Branch
+        points (the prompt was a repeat already) keep their rank.
+        """
+        nodes, b = req.nodes, (req.prompt_len - 1) // self.unit * self.unit
+        if not 0 < b < turn_end <= len(nodes) * self.unit or req.kv_hit_tokens >= b:
+            return
+        node = nodes[b // self.unit - 1]
+        if nodes[turn_end // self.unit - 1].snap >= 0 and node.snap >= 0 and not node.snap_hits:
+            if node.snap_ref == 0:
+                self.index.snap_q.demote(node)
+
     def _quota(self, tenant: str | None) -> int | None:
         q = self.config.tenant_quotas
         if not q:
@@ -545,6 +561,7 @@ class HybridCacheManager:
         if req.rolling_slot >= 0:
             if finished and 0 < rb <= min(req.num_computed, req.num_tokens):
                 self._register_snapshot(req, rb, req.rolling_slot)
+                self._demote_prompt_end(req, rb)
             else:
                 self.arena.free_slot(req.rolling_slot)
         if req.slot >= 0:
@@ -570,19 +587,7 @@ class HybridCacheManager:
 
     def stats(self) -> dict[str, object]:
         """Metrics plus arena occupancy, JSON-friendly."""
-        s = self.arena.stats()
-        out: dict[str, object] = dict(self.sync_metrics().as_dict())
-        out.update(
-            capacity_bytes=s.capacity_bytes,
-            used_bytes=s.used_bytes,
-            kv_bytes=s.kv_bytes,
-            state_bytes=s.state_bytes,
-            padding_bytes=s.padding_bytes,
-            fragmentation_bytes=s.fragmentation_bytes,
-            utilisation=s.utilisation,
-            cached_nodes=len(self.index.nodes),
-        )
-        return out
+        return stats_dict(self.sync_metrics(), self.arena.stats(), len(self.index.nodes))
 
     def sync_metrics(self) -> CacheMetrics:
         """:attr:`metrics` with the index's eviction counters copied in."""

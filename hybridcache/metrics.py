@@ -7,6 +7,10 @@ whose KV was cached but that had to be recomputed because no state snapshot cove
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hybridcache.arena import ArenaStats
 
 
 @dataclass
@@ -75,3 +79,19 @@ def _num(v: float) -> str:
 
 def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def stats_dict(metrics: CacheMetrics, arena: ArenaStats, cached_nodes: int) -> dict[str, object]:
+    """Counters plus arena occupancy as one JSON-friendly dict (``HybridCacheManager.stats``)."""
+    out: dict[str, object] = dict(metrics.as_dict())
+    out.update(
+        capacity_bytes=arena.capacity_bytes,
+        used_bytes=arena.used_bytes,
+        kv_bytes=arena.kv_bytes,
+        state_bytes=arena.state_bytes,
+        padding_bytes=arena.padding_bytes,
+        fragmentation_bytes=arena.fragmentation_bytes,
+        utilisation=arena.utilisation,
+        cached_nodes=cached_nodes,
+    )
+    return out

@@ -123,6 +123,10 @@ class EvictionQueue:
         """Return the entries :meth:`first` set aside, in their original ranks."""
         raise NotImplementedError
 
+    def demote(self, item: object) -> None:
+        """Rank a queued ``item`` below every entry now queued (no-op if not queued)."""
+        raise NotImplementedError
+
     def pop(self) -> object | None:
         raise NotImplementedError
 
@@ -158,6 +162,10 @@ class LRUQueue(EvictionQueue):
             del od[item]
             aside.append((item, tick))
         return None
+
+    def demote(self, item):
+        if item in self._od:
+            self._od.move_to_end(item, last=False)
 
     def put_back(self, aside):
         od = self._od
@@ -278,6 +286,15 @@ class ValueQueue(EvictionQueue):
             if pred(top[2]):
                 return top[0], top[2]
             aside.append(heapq.heappop(heap))
+
+    def demote(self, item):
+        # Every queued priority is >= the clock (GreedyDual adds to it): the clock is the
+        # bottom. The entry's old heap item goes stale (its sequence number changes).
+        cur = self._live.get(item)
+        if cur is not None:
+            self._seq += 1
+            cur[0], cur[1] = self._clock.value, self._seq
+            heapq.heappush(self._heap, (cur[0], self._seq, item))
 
     def put_back(self, aside):
         for entry in aside:

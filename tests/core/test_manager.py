@@ -315,3 +315,25 @@ def test_min_seen_skips_save_points_whose_tokens_are_not_known_yet():
     m.commit("a", 18)
     m.free("a")
     assert m.metrics.snapshots_saved == 0
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru"])
+def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
+    m = mgr(admission="last-token+turn-end", eviction=eviction)
+    serve(m, "old", list(range(500, 522)))  # prompt-end snapshot only: nothing supersedes it
+    prompt = list(range(22))
+    serve(m, "a", prompt, output=list(range(100, 110)))  # snapshots at 20 (prompt) and 32
+    assert sum(n.snap >= 0 for n in m.index.nodes.values()) == 3
+    # still cached: a repeat of the prompt resumes from it while memory lasts...
+    assert m.add_request("b", prompt + [7]).hit_tokens == 20
+    # ...but it is the first snapshot to go, before even old's
+    assert m.index.snap_q.peek()[1].digest == m.requests["b"].hasher.digests[20 // U - 1]
+
+
+def test_prompt_end_snapshot_of_a_repeated_prompt_keeps_its_rank():
+    m = mgr(admission="last-token+turn-end+branch-point", eviction="lru")
+    prompt = list(range(22))
+    serve(m, "a", prompt, output=list(range(100, 110)))
+    serve(m, "b", prompt, output=list(range(200, 210)))  # a repeat: its prompt end is a branch
+    order = [n.depth for n in m.index.snap_q._od]  # oldest first
+    assert order == [32 // U - 1, 20 // U - 1, 32 // U - 1]  # a's turn end, the shared prompt end, b's
