@@ -249,6 +249,12 @@ class PrefixIndex:
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
 
+    def demote_snapshot(self, node: Node) -> None:
+        """Rank ``node``'s queued snapshot before every other evictable entry."""
+        floors = [f for f in (self.kv_q.floor(), self.snap_q.floor()) if f is not None]
+        if floors:
+            self.snap_q.demote(node, min(floors))
+
     # ------------------------------------------------------------------ eviction
     def evict_kv(self, node: Node) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""

@@ -447,7 +447,7 @@ class HybridCacheManager:
         node = nodes[b // self.unit - 1]
         if nodes[turn_end // self.unit - 1].snap >= 0 and node.snap >= 0 and not node.snap_hits:
             if node.snap_ref == 0:
-                self.index.snap_q.demote(node)
+                self.index.demote_snapshot(node)
 
     def _quota(self, tenant: str | None) -> int | None:
         q = self.config.tenant_quotas

@@ -123,8 +123,14 @@ class EvictionQueue:
         """Return the entries :meth:`first` set aside, in their original ranks."""
         raise NotImplementedError
 
-    def demote(self, item: object) -> None:
-        """Rank a queued ``item`` below every entry now queued (no-op if not queued)."""
+    def floor(self) -> float | None:
+        """A priority at or below every queued entry's (``None`` when empty); no side effects."""
+        raise NotImplementedError
+
+    def demote(self, item: object, floor: float) -> None:
+        """Rank a queued ``item`` first in this queue, with priority at most ``floor`` (the
+        lowest priority of any queue, so that it also goes before the other kind's entries);
+        no-op if ``item`` is not queued."""
         raise NotImplementedError
 
     def pop(self) -> object | None:
@@ -163,9 +169,16 @@ class LRUQueue(EvictionQueue):
             aside.append((item, tick))
         return None
 
-    def demote(self, item):
-        if item in self._od:
-            self._od.move_to_end(item, last=False)
+    def floor(self):
+        return float(next(iter(self._od.values()))) if self._od else None
+
+    def demote(self, item, floor):
+        od = self._od
+        if item in od:
+            # The tick is the priority peek() reports against the other queue: lower it too,
+            # or this entry would hide older ones behind it.
+            od[item] = min(od[item], int(floor))
+            od.move_to_end(item, last=False)
 
     def put_back(self, aside):
         od = self._od
@@ -287,13 +300,16 @@ class ValueQueue(EvictionQueue):
                 return top[0], top[2]
             aside.append(heapq.heappop(heap))
 
-    def demote(self, item):
+    def floor(self):
+        return self._clock.value if self._live else None
+
+    def demote(self, item, floor):
         # Every queued priority is >= the clock (GreedyDual adds to it): the clock is the
         # bottom. The entry's old heap item goes stale (its sequence number changes).
         cur = self._live.get(item)
         if cur is not None:
             self._seq += 1
-            cur[0], cur[1] = self._clock.value, self._seq
+            cur[0], cur[1] = min(self._clock.value, floor), self._seq
             heapq.heappush(self._heap, (cur[0], self._seq, item))
 
     def put_back(self, aside):

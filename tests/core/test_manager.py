@@ -326,8 +326,11 @@ def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
     assert sum(n.snap >= 0 for n in m.index.nodes.values()) == 3
     # still cached: a repeat of the prompt resumes from it while memory lasts...
     assert m.add_request("b", prompt + [7]).hit_tokens == 20
-    # ...but it is the first snapshot to go, before even old's
-    assert m.index.snap_q.peek()[1].digest == m.requests["b"].hasher.digests[20 // U - 1]
+    # ...but it is the first entry to go, before even old's KV and snapshot
+    node = m.index.nodes[m.requests["b"].hasher.digests[20 // U - 1]]
+    m.free("b", finished=False)
+    assert m.index.evict_one(for_slot=False)
+    assert m.index.evictions == {"kv": 0, "state": 1} and node.snap < 0
 
 
 def test_prompt_end_snapshot_of_a_repeated_prompt_keeps_its_rank():
