@@ -26,7 +26,8 @@ whole slab cost up to half the hit rate at small budgets).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from hybridcache.arena import Arena
 from hybridcache.policy import (
@@ -99,6 +100,7 @@ class PrefixIndex:
         self.marconi_alpha = marconi_alpha
         self.marconi_window = marconi_window
         self.on_evict = on_evict
+        self._aside: list | None = None  # set while a slot_batch is open
         self.tenant_bytes: dict[str | None, int] = {}
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
@@ -344,7 +346,11 @@ class PrefixIndex:
         """Evicting ``node`` brings a free block closer: one of its slabs holds only
         evictable pages (no running request's page, cached or private)."""
         ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
-        return any(ev[p // ppb] == used[p // ppb] for p in node.pages)  # type: ignore[union-attr]
+        for p in node.pages:  # type: ignore[union-attr]
+            b = p // ppb
+            if ev[b] == used[b]:
+                return True
+        return False
 
     def evict_one(self, for_slot: bool, aside: list | None = None) -> bool:
         """Evict the lowest-ranked entry; returns False when nothing is evictable.
@@ -405,7 +411,10 @@ class PrefixIndex:
         s = self.arena.alloc_slot()
         if s is not None:
             return s
-        aside: list = []  # pinned-slab KV entries: set aside once for the whole loop
+        # Pinned-slab KV entries are set aside once for the whole loop (or the whole
+        # slot_batch), not rescanned for every victim.
+        batch = self._aside is not None
+        aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:
             while s is None:
                 if not self.evict_one(for_slot=True, aside=aside):
@@ -413,6 +422,21 @@ class PrefixIndex:
                 s = self.arena.alloc_slot()
             return s
         finally:
+            if aside and not batch:
+                self.kv_q.put_back(aside)
+
+    @contextmanager
+    def slot_batch(self) -> Iterator[None]:
+        """Slot allocations inside share one set-aside list: nothing pins or unpins a slab
+        in between (no page is allocated or held), so a pinned entry stays pinned."""
+        if self._aside is not None:
+            yield
+            return
+        self._aside = []
+        try:
+            yield
+        finally:
+            aside, self._aside = self._aside, None
             if aside:
                 self.kv_q.put_back(aside)
 

@@ -204,7 +204,8 @@ class HybridCacheManager:
         try:
             copies = self._first_slot(req, undo) if first else CopyPlan()
             new_pages = self._alloc_pages(req, end, undo)
-            drafts = tuple(self._need_slot(undo) for _ in range(num_draft)) if self.has_state else ()
+            with self.index.slot_batch():
+                drafts = tuple(self._need_slot(undo) for _ in range(num_draft * self.has_state))
         except OutOfSpaceError:
             for p in undo.pages:
                 self.arena.free_page(p)
@@ -219,7 +220,8 @@ class HybridCacheManager:
         req.num_allocated = end
         req.draft_slots = list(drafts)
         req.step_start = start
-        saves = self._schedule_saves(req, start, end)
+        with self.index.slot_batch():
+            saves = self._schedule_saves(req, start, end)
         return Allocation(
             start=start,
             num_tokens=num_new_tokens,
@@ -444,10 +446,9 @@ class HybridCacheManager:
         nodes, b = req.nodes, (req.prompt_len - 1) // self.unit * self.unit
         if not 0 < b < turn_end <= len(nodes) * self.unit or req.kv_hit_tokens >= b:
             return
-        node = nodes[b // self.unit - 1]
-        if nodes[turn_end // self.unit - 1].snap >= 0 and node.snap >= 0 and not node.snap_hits:
-            if node.snap_ref == 0:
-                self.index.demote_snapshot(node)
+        node, end_node = nodes[b // self.unit - 1], nodes[turn_end // self.unit - 1]
+        if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
+            self.index.demote_snapshot(node)
 
     def _quota(self, tenant: str | None) -> int | None:
         q = self.config.tenant_quotas

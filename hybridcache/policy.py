@@ -160,14 +160,16 @@ class LRUQueue(EvictionQueue):
         return float(tick), item
 
     def first(self, pred, aside):
-        od = self._od
-        while od:
-            item, tick = next(iter(od.items()))
+        od, found, skipped = self._od, None, []
+        for item, tick in od.items():
             if pred(item):
-                return float(tick), item
+                found = (float(tick), item)
+                break
+            skipped.append((item, tick))
+        for item, _ in skipped:  # set aside: not scanned again by this caller
             del od[item]
-            aside.append((item, tick))
-        return None
+        aside.extend(skipped)
+        return found
 
     def floor(self):
         return float(next(iter(self._od.values()))) if self._od else None
