@@ -370,19 +370,14 @@ def marconi_ranking(
     The caller evicts from this ranking until it runs out or an entry turns stale, so the
     candidate scan is paid once per ``keep`` evictions instead of once per eviction.
     """
-    kinds: list[str] = []
-    items: list[object] = []
-    ticks: list[int] = []
-    effs: list[float] = []
+    cands: list[tuple[str, object, int, float]] = []
     for kind, q in queues.items():
         eff = q.eff
-        for item, tick in islice(q._od.items(), window):
-            kinds.append(kind)
-            items.append(item)
-            ticks.append(tick)
-            effs.append(eff[item])
-    if not items:
+        cands += [(kind, item, tick, eff[item]) for item, tick in islice(q._od.items(), window)]
+    if not cands:
         return []
+    ticks = [c[2] for c in cands]
+    effs = [c[3] for c in cands]
     t0, t1 = min(ticks), max(ticks)
     e0, e1 = min(effs), max(effs)
     rt = 1.0 / (t1 - t0) if t1 > t0 else 0.0
@@ -390,7 +385,7 @@ def marconi_ranking(
     # Constant terms of the normalisation (a flat dimension scores 1) do not change the order.
     scores = [(e - e0) * re + (t - t0) * rt for t, e in zip(ticks, effs)]
     best = heapq.nsmallest(keep, range(len(scores)), key=scores.__getitem__)
-    return [(kinds[i], items[i]) for i in best]
+    return [(cands[i][0], cands[i][1]) for i in best]
 
 
 def check_eviction_name(name: str) -> str:
