@@ -13,9 +13,15 @@ outputs, metrics); only ``self.kv_cache_manager`` is replaced by
 prefill chunk never runs past a block boundary, so every block boundary's state is left in
 a block the manager can keep as a snapshot (vLLM's own split keeps only some of them).
 
+With ``--kv-transfer-config`` naming :class:`~.connector.HybridCacheConnector`, the manager
+is :class:`~.manager_external.ConnectorKVCacheManager`: it accepts the connector's
+asynchronous loads of external tokens and hands it every snapshot it keeps, in the step
+that writes it, so the device cache and the host / Redis tier work together.
+
 Configurations the adapter does not support are refused here, at engine start, with the
 reason (speculative decoding, asynchronous scheduling / pipeline parallelism, KV
-connectors, encoder-decoder models, models whose groups use different block sizes).
+connectors other than ``HybridCacheConnector``, encoder-decoder models, models whose
+groups use different block sizes).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from vllm.v1.request import Request
 from hybridcache.manager import CacheConfig
 
 from .manager import HybridKVCacheManager
+from .manager_external import ConnectorKVCacheManager
 
 logger = init_logger(__name__)
 
@@ -62,6 +69,12 @@ def cache_config_from(additional_config: Any) -> CacheConfig:
     return CacheConfig(**section)
 
 
+def _is_hybridcache_connector(connector: Any) -> bool:
+    from .connector import HybridCacheConnector
+
+    return isinstance(connector, HybridCacheConnector)
+
+
 class HybridCacheScheduler(Scheduler):
     """vLLM ``Scheduler`` whose KV cache manager is hybridcache's (see module docstring)."""
 
@@ -71,7 +84,8 @@ class HybridCacheScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._check_supported()
         config = cache_config_from(self.vllm_config.additional_config)
-        self.kv_cache_manager = HybridKVCacheManager(
+        manager_cls = HybridKVCacheManager if self.connector is None else ConnectorKVCacheManager
+        self.kv_cache_manager = manager_cls(
             self.kv_cache_config,
             max_model_len=self.max_model_len,
             config=config,
@@ -79,6 +93,9 @@ class HybridCacheScheduler(Scheduler):
             enable_caching=bool(self.cache_config.enable_prefix_caching),
             log_stats=self.log_stats,
         )
+        if self.connector is not None:
+            # vLLM bound its own manager before we replaced it.
+            self.connector.bind_kv_cache_manager(self.kv_cache_manager)
         if self.kv_cache_manager.block_size != self.block_size:
             raise ValueError(
                 f"hybridcache: scheduler block size {self.block_size} differs from the cache "
@@ -114,8 +131,11 @@ class HybridCacheScheduler(Scheduler):
                 "asynchronous scheduling or pipeline parallelism (entries are committed one "
                 "step after they are scheduled; pass --no-async-scheduling)"
             )
-        if self.connector is not None:
-            reasons.append("KV connectors (external KV loads are not mapped yet)")
+        if self.connector is not None and not _is_hybridcache_connector(self.connector):
+            reasons.append(
+                f"KV connector {type(self.connector).__name__} (only HybridCacheConnector: "
+                "its loads are asynchronous and its saves follow this manager's snapshots)"
+            )
         if self.is_encoder_decoder:
             reasons.append("encoder-decoder models")
         if self.hash_block_size != self.block_size:

@@ -7,7 +7,7 @@ views so that they keep working without vLLM's block pool behind them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,6 +37,13 @@ class AdapterStats:
     commits: int = 0
     deferred: int = 0
     live_saves_held: int = 0
+    # Connector path (adapters/vllm/manager_external.py).
+    external_loads: int = 0
+    external_tokens: int = 0
+    external_loads_completed: int = 0
+    external_loads_dropped: int = 0
+    external_saves_skipped: int = 0
+    boundary_offers: int = 0
 
 
 class BlockPoolView:
@@ -71,8 +78,21 @@ class GroupView:
 
 @dataclass(frozen=True)
 class CoordinatorView:
-    """What vLLM's engine core reads from ``kv_cache_manager.coordinator`` (block sizes)."""
+    """What vLLM's engine core reads from ``kv_cache_manager.coordinator`` (block sizes).
+
+    ``remaining_blocks(request_id, num_tokens)`` answers the one sizing question vLLM's
+    scheduler asks the coordinator directly: the blocks a request still needs to hold
+    ``num_tokens`` tokens, which it sums into the reservation of an asynchronous
+    connector load (``Scheduler._inflight_prefill_reserved_blocks``).
+    """
 
     single_type_managers: tuple[GroupView, ...]
     enable_partial_hash_hits: bool = False
     eagle_group_ids: tuple[int, ...] = ()
+    remaining_blocks: Callable[[str, int], int] | None = None
+
+    def get_num_blocks_to_allocate(self, request_id: str, num_tokens: int, **_: Any) -> int:
+        """Blocks ``request_id`` still needs for ``num_tokens`` tokens (an estimate)."""
+        if self.remaining_blocks is None:
+            raise NotImplementedError("hybridcache: block estimates need the connector manager")
+        return self.remaining_blocks(request_id, num_tokens)

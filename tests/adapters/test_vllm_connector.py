@@ -310,9 +310,12 @@ def test_loaded_by_vllm_factory_and_plugin(model_dir, host_extra):
     assert sched.recompute_kv_load_failures  # a failed load is a miss, not a failed request
 
 
-def test_hybridcache_scheduler_refuses_the_connector(model_dir, host_extra):
+def test_hybridcache_scheduler_takes_the_connector(model_dir, host_extra):
+    """Combined with HybridCacheScheduler (tested in test_vllm_sched_connector.py)."""
     from hybridcache.adapters.vllm import HybridCacheScheduler
+    from hybridcache.adapters.vllm.manager_external import ConnectorKVCacheManager
 
-    with pytest.raises(ValueError, match="KV connectors"):
-        h.make_scheduler(model_dir, HybridCacheScheduler, 200,
-                         kv_transfer_config=ch.transfer_config(host_extra))
+    sched = h.make_scheduler(model_dir, HybridCacheScheduler, 200,
+                             kv_transfer_config=ch.transfer_config(host_extra))
+    assert isinstance(sched.kv_cache_manager, ConnectorKVCacheManager)
+    assert sched.connector._kv_cache_manager is sched.kv_cache_manager

@@ -36,14 +36,16 @@ def transfer_config(extra: dict, role: str = "kv_both") -> Any:
                             kv_role=role, kv_connector_extra_config=extra)
 
 
-def make(model_dir: Path, extra: dict, num_blocks: int = 200, **kw: Any) -> tuple[Any, TensorWorker]:
-    """vLLM's Scheduler with the connector (scheduler role) and a worker with its worker role."""
+def make(model_dir: Path, extra: dict, num_blocks: int = 200, scheduler_cls: Any = None,
+         **kw: Any) -> tuple[Any, TensorWorker]:
+    """vLLM's Scheduler (or ``scheduler_cls``, e.g. ``HybridCacheScheduler``) with the
+    connector (scheduler role) and a worker with its worker role."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
     from vllm.v1.core.sched.scheduler import Scheduler
 
     from hybridcache.adapters.vllm.connector import HybridCacheConnector
 
-    sched = h.make_scheduler(model_dir, Scheduler, num_blocks,
+    sched = h.make_scheduler(model_dir, scheduler_cls or Scheduler, num_blocks,
                              kv_transfer_config=transfer_config(extra), **kw)
     conn = HybridCacheConnector(sched.vllm_config, KVConnectorRole.WORKER, sched.kv_cache_config)
     return sched, TensorWorker(sched.kv_cache_config, conn)
