@@ -367,7 +367,8 @@ class PrefixIndex:
         if aside is None:
             own: list = []
             choice = self._choose(pred, own)
-            self.kv_q.put_back(own)
+            if own:
+                self.kv_q.put_back(own)
         else:
             choice = self._choose(pred, aside)
         if choice is None:
@@ -382,10 +383,9 @@ class PrefixIndex:
         return True
 
     def _pop(self, q: EvictionQueue, node: Node) -> None:
+        # evict_kv / evict_snapshot discard the entry; a GreedyDual victim also ages the clock.
         if isinstance(q, ValueQueue):
-            q.evicted(node)  # advances the GreedyDual clock to the victim's priority
-            return
-        q.discard(node)
+            q.evicted(node)
 
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
