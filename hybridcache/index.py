@@ -171,11 +171,6 @@ class PrefixIndex:
         if node.snap_ref == 0 and node.snap >= 0:
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
-    def _count_evictable(self, pages: tuple[int, ...], delta: int) -> None:
-        ppb = self.arena.layout.pages_per_block
-        for p in pages:
-            self._evictable_pages[p // ppb] += delta
-
     # ------------------------------------------------------------------ registering
     def register_kv(
         self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
@@ -263,12 +258,11 @@ class PrefixIndex:
         self.version += 1
         assert node.kv_ref == 0 and node.pages is not None
         self.kv_q.discard(node)
-        pages = node.pages
-        if pages:
-            self._count_evictable(pages, -1)
-        for p in pages:
-            del self.page_owner[p]
-            self.arena.free_page(p)
+        ev, ppb, owner, free_page = self._evictable_pages, self._ppb, self.page_owner, self.arena.free_page
+        for p in node.pages:
+            ev[p // ppb] -= 1
+            del owner[p]
+            free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
         node.pages = None
         if node.snap < 0:
