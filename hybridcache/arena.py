@@ -314,6 +314,11 @@ class Arena:
             self._is_open[b] = True
 
     # ------------------------------------------------------------------ queries
+    def may_have_slot(self) -> bool:
+        """Cheap hint for eviction loops: ``False`` means :meth:`alloc_slot` would fail now
+        (no free block, no state block with a free slot)."""
+        return bool(self._free_blocks) or bool(self._open[STATE])
+
     def block_kind(self, block: int) -> int:
         return self._kind[block]
 

@@ -410,10 +410,12 @@ class PrefixIndex:
         batch = self._aside is not None
         aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:
+            arena = self.arena
             while s is None:
                 if not self.evict_one(for_slot=True, aside=aside):
                     return None
-                s = self.arena.alloc_slot()
+                if arena.may_have_slot():
+                    s = arena.alloc_slot()
             return s
         finally:
             if aside and not batch:

@@ -68,6 +68,10 @@ class HybridCacheManager:
         )
         self.metrics = CacheMetrics()
         self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
+        # A snapshot saves nothing without the KV pages below it: never worth more per byte
+        # than a KV page, so eviction does not keep snapshots whose prefix it drops.
+        kv = self.index.node_kv_bytes
+        self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -427,12 +431,7 @@ class HybridCacheManager:
             return
         prev = req.last_snapshot_boundary(boundary)
         flops = self.spec.flops.prefill_flops(prev, boundary)
-        # A snapshot saves nothing without the KV pages below it: never worth more per byte
-        # than a KV page, so eviction does not keep snapshots whose prefix it drops.
-        kv = self.index.node_kv_bytes
-        if kv:
-            flops = min(flops, self._unit_flops * self.index.snap_bytes / kv)
-        self.index.register_snapshot(node, slot, flops, self.tick)
+        self.index.register_snapshot(node, slot, min(flops, self._snap_flops_cap), self.tick)
         self.metrics.snapshots_saved += 1
 
     def _demote_prompt_end(self, req: Request, turn_end: int) -> None:
