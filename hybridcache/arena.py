@@ -322,9 +322,6 @@ class Arena:
     def block_kind(self, block: int) -> int:
         return self._kind[block]
 
-    def block_used(self, block: int) -> int:
-        return self._used[block]
-
     @property
     def free_block_count(self) -> int:
         return len(self._free_blocks)

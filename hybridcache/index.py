@@ -26,7 +26,7 @@ whole slab cost up to half the hit rate at small budgets).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from hybridcache.arena import Arena
@@ -117,6 +117,8 @@ class PrefixIndex:
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
+        # The value queue checks held entries lazily: hold_path skips its no-op hold().
+        self._kv_hold = None if isinstance(self.kv_q, ValueQueue) else self.kv_q.hold
 
     # ------------------------------------------------------------------ holding
     def hold_kv(self, node: Node) -> None:
@@ -125,9 +127,7 @@ class PrefixIndex:
 
     def hold_path(self, nodes: list[Node]) -> None:
         """Hold every node of a matched path: their pages cannot be evicted."""
-        ev, ppb = self._evictable_pages, self._ppb
-        # The value queue checks held entries lazily: skip its no-op hold() per unit.
-        hold = None if isinstance(self.kv_q, ValueQueue) else self.kv_q.hold
+        ev, ppb, hold = self._evictable_pages, self._ppb, self._kv_hold
         for node in nodes:
             ref = node.kv_ref
             if ref == 0:
@@ -176,34 +176,24 @@ class PrefixIndex:
         self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
     ) -> Node:
         """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference."""
-        self.version += 1
-        node = self.nodes.get(digest)
-        if node is None:
-            node = Node(digest, depth, tenant)
-            self.nodes[digest] = node
-        assert node.pages is None, "register_kv on a node that has KV"
-        node.pages = pages
-        node.kv_flops = flops
-        node.kv_ref += 1
-        for p in pages:
-            self.page_owner[p] = node
-        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes
-        return node
+        run = self.register_kv_run({depth: digest}, depth, depth + 1, tenant, [{depth: p} for p in pages], flops)
+        assert run, "register_kv on a node that has KV"
+        return run[0]
 
     def register_kv_run(
         self,
-        digests: list[Digest],
+        digests: Sequence[Digest] | Mapping[int, Digest],
         first: int,
         end: int,
         tenant: str | None,
-        tables: list[list[int]],
+        tables: Sequence[Sequence[int] | Mapping[int, int]],
         flops: float,
     ) -> list[Node]:
         """:meth:`register_kv` for units ``first, first+1, ...`` before ``end``, stopping at
         the first unit that already has KV (a duplicate, which the caller handles).
 
         Args:
-            digests: the request's unit digests.
+            digests: the request's unit digests (indexed by unit; a mapping will do).
             first, end: unit range to register.
             tenant: owner of the new entries (for quotas).
             tables: the request's block table per attention group (page of unit ``i`` at
@@ -369,17 +359,12 @@ class PrefixIndex:
             return False
         kind, node = choice
         if kind == "state":
-            self._pop(self.snap_q, node)
+            self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
             self.evict_snapshot(node)
         else:
-            self._pop(self.kv_q, node)
+            self.kv_q.evicted(node)
             self.evict_kv(node)
         return True
-
-    def _pop(self, q: EvictionQueue, node: Node) -> None:
-        # evict_kv / evict_snapshot discard the entry; a GreedyDual victim also ages the clock.
-        if isinstance(q, ValueQueue):
-            q.evicted(node)
 
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""

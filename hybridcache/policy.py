@@ -87,8 +87,9 @@ class EvictionQueue:
     """Evictable entries of one kind ranked by a policy. Items are manager nodes.
 
     The manager calls :meth:`add` when an entry becomes evictable (no request holds it),
-    :meth:`discard` when it is held again or dropped, and :meth:`peek`/:meth:`pop` to choose
-    a victim. ``priority`` values of the two kinds are comparable: lower goes first.
+    :meth:`discard` when it is held again or dropped, :meth:`peek` (or :meth:`first`) to
+    choose a victim and :meth:`evicted` once it is gone. ``priority`` values of the two
+    kinds are comparable: lower goes first.
     """
 
     def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
@@ -133,8 +134,8 @@ class EvictionQueue:
         no-op if ``item`` is not queued."""
         raise NotImplementedError
 
-    def pop(self) -> object | None:
-        raise NotImplementedError
+    def evicted(self, item: object) -> None:
+        """``item`` was chosen as a victim and is being dropped (the index discards it)."""
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -189,11 +190,6 @@ class LRUQueue(EvictionQueue):
             od.move_to_end(item, last=False)
         aside.clear()
 
-    def pop(self):
-        if not self._od:
-            return None
-        return self._od.popitem(last=False)[0]
-
     def __len__(self):
         return len(self._od)
 
@@ -227,22 +223,10 @@ class ValueQueue(EvictionQueue):
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
-        prio = self._clock.value + (hits if hits > 1 else 1) * flops / (nbytes or 1) / self._scale
-        cur = self._live.get(item)
-        if cur is not None:
-            if prio > cur[0]:
-                cur[0] = prio
-            return
-        self._seq += 1
-        self._live[item] = [prio, self._seq]
-        heap = self._heap
-        heapq.heappush(heap, (prio, self._seq, item))
-        if len(heap) > 4 * len(self._live) + 4096:  # too many stale entries: rebuild
-            self._heap = [(p, q, it) for it, (p, q) in self._live.items()]
-            heapq.heapify(self._heap)
+        self.add_many(((item, flops, hits),), tick, nbytes)
 
     def add_many(self, entries, tick, nbytes):
-        # add() inlined: a released prefix is hundreds of units, most of them live already.
+        # One loop for a whole released prefix: hundreds of units, most of them live already.
         base, per = self._clock.value, 1.0 / (nbytes or 1) / self._scale
         get, live, heap = self._live.get, self._live, self._heap
         for item, flops, hits in entries:
@@ -319,15 +303,6 @@ class ValueQueue(EvictionQueue):
             heapq.heappush(self._heap, entry)
         aside.clear()
 
-    def pop(self):
-        self._clean()
-        if not self._heap:
-            return None
-        prio, _, item = heapq.heappop(self._heap)
-        del self._live[item]
-        self._clock.value = max(self._clock.value, prio)
-        return item
-
     def evicted(self, item) -> None:
         """``item`` was chosen as a victim (maybe not the top one): drop it and age the
         clock to its priority, as GreedyDual does for every victim."""
@@ -353,12 +328,6 @@ class MarconiQueue(LRUQueue):
     def discard(self, item):
         super().discard(item)
         self.eff.pop(item, None)
-
-    def pop(self):
-        item = super().pop()
-        if item is not None:
-            self.eff.pop(item, None)
-        return item
 
 
 def marconi_ranking(
