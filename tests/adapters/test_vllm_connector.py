@@ -31,27 +31,8 @@ from hybridcache.adapters.vllm import connector_config as cc  # noqa: E402
 from hybridcache.adapters.vllm import connector_plan as cp  # noqa: E402
 from hybridcache.tiers import HostTier, Tier  # noqa: E402
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("uniproc")]
 BLOCK = h.BLOCK
-
-
-@pytest.fixture(autouse=True)
-def _uniproc(monkeypatch):
-    """One process, as ``LLM`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (vLLM's CPU platform
-    otherwise switches the executor to worker processes, where a HostTier is refused)."""
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return h.write_config_dir(tmp_path_factory.mktemp("qwen3-next-config"))
-
-
-@pytest.fixture
-def redis_server(tmp_path):
-    server = tiers_testlib.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -56,13 +56,6 @@ def native(tiny_qwen3_next, tmp_path_factory) -> dict:
     return serve(tiny_qwen3_next, tmp_path_factory.mktemp("native") / "native.json")
 
 
-@pytest.fixture
-def redis_server(tmp_path):
-    server = tiers_testlib.RedisServer(tmp_path / "redis").start()
-    yield server
-    server.stop()
-
-
 def kv_transfer(url: str) -> str:
     return json.dumps({
         "kv_connector": "HybridCacheConnector",
@@ -89,13 +82,7 @@ def test_qwen3_next_restarts_from_redis(tiny_qwen3_next, native, redis_server, t
           f"(external {c2['scheduler']['hit_tokens']}); identical outputs {exact}/"
           f"{len(native['requests'])}; run time {native['total_s']:.0f} / "
           f"{first['total_s']:.0f} / {second['total_s']:.0f} s")
-    print(f"  1st run worker: {c1['worker']}\n  2nd run worker: {c2['worker']}")
-    for a, b, c in zip(native["requests"], first["requests"], second["requests"]):
-        print(f"  {a['name']:16s} prompt {a['prompt_len']:4d}  cached native "
-              f"{a['num_cached_tokens']:4d}  1st {b['num_cached_tokens']:4d}  "
-              f"2nd {c['num_cached_tokens']:4d}")
-    for n in notes:
-        print("  " + n)
+    _print_runs(native, first, second, notes)
 
     # The first run finds an empty Redis and saves; the second, in a fresh engine whose
     # device cache is empty, resumes every prompt from the tier.
@@ -117,6 +104,18 @@ def test_qwen3_next_restarts_from_redis(tiny_qwen3_next, native, redis_server, t
             assert a["output"] == c["output"], a["name"]
 
 
+def _print_runs(native: dict, first: dict, second: dict, notes: list[str]) -> None:
+    """Per-request cached tokens of the three runs and the worker counters (for the log)."""
+    print(f"  1st run worker: {first['connector']['worker']}\n"
+          f"  2nd run worker: {second['connector']['worker']}")
+    for a, b, c in zip(native["requests"], first["requests"], second["requests"]):
+        print(f"  {a['name']:16s} prompt {a['prompt_len']:4d}  cached native "
+              f"{a['num_cached_tokens']:4d}  1st {b['num_cached_tokens']:4d}  "
+              f"2nd {c['num_cached_tokens']:4d}")
+    for n in notes:
+        print("  " + n)
+
+
 def test_hybridcache_scheduler_with_connector_restarts_from_redis(
     tiny_qwen3_next, native, redis_server, tmp_path
 ):
@@ -136,13 +135,7 @@ def test_hybridcache_scheduler_with_connector_restarts_from_redis(
           f"{cached['first']}, 2nd run (new engine) {cached['second']} (external "
           f"{c2['scheduler']['hit_tokens']}, loads {h2['external_loads_completed']}); "
           f"run time {first['total_s']:.0f} / {second['total_s']:.0f} s")
-    print(f"  1st run worker: {c1['worker']}\n  2nd run worker: {c2['worker']}")
-    for a, b, c in zip(native["requests"], first["requests"], second["requests"]):
-        print(f"  {a['name']:16s} prompt {a['prompt_len']:4d}  cached native "
-              f"{a['num_cached_tokens']:4d}  1st {b['num_cached_tokens']:4d}  "
-              f"2nd {c['num_cached_tokens']:4d}")
-    for n in notes:
-        print("  " + n)
+    _print_runs(native, first, second, notes)
 
     assert c1["scheduler"]["hit_tokens"] == 0 and h1["boundary_offers"] > 0
     assert c1["worker"]["saves"] > 0 and c1["worker"]["save_failures"] == 0

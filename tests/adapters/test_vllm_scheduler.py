@@ -32,11 +32,6 @@ from vllm.v1.request import RequestStatus  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    return h.write_config_dir(tmp_path_factory.mktemp("qwen3next-config"))
-
-
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(2, 500) for _ in range(n)]
 
