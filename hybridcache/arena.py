@@ -182,9 +182,9 @@ class Arena:
         self.layout = layout
         n = layout.num_blocks
         self._kind = [FREE] * n
-        self._used = [0] * n  # entries in use per block
-        # Read-only alias for the index's per-page hot loops (a list index, not a call).
-        self.used_per_block = self._used
+        # Entries in use per block; read by the index's per-page hot loops (a list index,
+        # not a call), written only here.
+        self.used_per_block = [0] * n
         self._free_blocks = list(range(n - 1, -1, -1))  # stack: block 0 first
         self._entry_free: list[list[int]] = [[] for _ in range(n)]
         self._open = {KV: [], STATE: []}  # blocks of that kind with a free entry
@@ -214,7 +214,7 @@ class Arena:
         per_block = self.layout.pages_per_block
         if per_block == 0 or n <= 0:
             return out
-        live, used, kinds, entry_free = self._live[KV], self._used, self._kind, self._entry_free
+        live, used, kinds, entry_free = self._live[KV], self.used_per_block, self._kind, self._entry_free
         open_blocks = self._open[KV]
         while len(out) < n:
             want = n - len(out)
@@ -277,7 +277,7 @@ class Arena:
             free = self._entry_free[b]
             if self._kind[b] == kind and free:
                 e = free.pop()
-                self._used[b] += 1
+                self.used_per_block[b] += 1
                 if not free:
                     open_blocks.pop()
                     self._is_open[b] = False
@@ -290,7 +290,7 @@ class Arena:
         self._kind[b] = kind
         base = b * per_block
         self._entry_free[b] = list(range(base + per_block - 1, base, -1))
-        self._used[b] = 1
+        self.used_per_block[b] = 1
         if per_block > 1:
             open_blocks.append(b)
             self._is_open[b] = True
@@ -302,8 +302,8 @@ class Arena:
         if self._kind[b] != kind or not live[entry]:
             raise ValueError(f"entry {entry} is not allocated as {'KV' if kind == KV else 'state'}")
         live[entry] = 0
-        self._used[b] -= 1
-        if self._used[b] == 0:
+        self.used_per_block[b] -= 1
+        if self.used_per_block[b] == 0:
             self._kind[b] = FREE
             self._entry_free[b] = []
             self._free_blocks.append(b)
