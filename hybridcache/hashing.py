@@ -156,19 +156,20 @@ def hash_units(
     n_full = len(tokens) // unit
     if n_full == 0:
         return []
-    buf = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").tobytes()
-    step = unit * 4
+    # One bytes object per unit straight from numpy (a void view keeps trailing zero bytes,
+    # unlike an "S" view): no Python-level slicing of one big buffer per unit.
+    units = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(f"V{unit * 4}").tolist()
     out: list[Digest] = []
     append = out.append
     h = parent
     if not extras:
-        for off in range(0, n_full * step, step):
-            h = fn(h + buf[off : off + step])
+        for blob in units:
+            h = fn(h + blob)
             append(h)
         return out
     get = extras.get
-    for i, off in enumerate(range(0, n_full * step, step)):
-        h = fn(h + buf[off : off + step] + get(first_unit + i, b""))
+    for i, blob in enumerate(units, first_unit):
+        h = fn(h + blob + get(i, b""))
         append(h)
     return out
 

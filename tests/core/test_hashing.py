@@ -11,7 +11,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridcache.errors import InvalidRequestError, UnknownNameError
-from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_units, root_digest
+from hybridcache.hashing import (
+    MultiModalItem,
+    TokenHasher,
+    as_token_array,
+    hash_function,
+    hash_units,
+    root_digest,
+)
 
 TOKENS = list(range(1000, 1100))
 
@@ -108,3 +115,16 @@ def test_numpy_input_matches_list():
     b = TokenHasher(16)
     b.extend(TOKENS)
     assert a.digests == b.digests
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128", "sha256"])
+def test_units_are_the_exact_token_bytes(algo):
+    """Each unit hashes parent + its 4-byte little-endian ids, trailing zero ids included
+    (a byte-string view of the array would strip them and merge distinct prompts)."""
+    fn = hash_function(algo)
+    toks = np.array([7] + [0] * 15 + [0] * 16 + [3, 0] * 8, dtype=np.uint32)
+    h, want = b"root", []
+    for u in range(3):
+        h = fn(h + toks[u * 16 : (u + 1) * 16].astype("<u4").tobytes())
+        want.append(h)
+    assert hash_units(toks, 16, b"root", algo) == want
