@@ -26,8 +26,7 @@ whole slab cost up to half the hit rate at small budgets).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridcache.arena import Arena
 from hybridcache.policy import (
@@ -38,6 +37,10 @@ from hybridcache.policy import (
     ValueQueue,
     marconi_ranking,
 )
+from hybridcache.runs import Run, RunValueQueue, pop_tail, shift_blocks, split
+
+#: A request's hold on a run: units ``[0, end)`` of ``run`` (see :mod:`hybridcache.runs`).
+Hold = tuple[Run, int]
 
 Digest = bytes
 
@@ -46,33 +49,69 @@ class Node:
     """One hash unit of one cached prefix (see module docstring)."""
 
     __slots__ = (
-        "digest", "depth", "tenant", "pages", "snap", "kv_ref", "snap_ref",
-        "kv_hits", "snap_hits", "snap_flops", "kv_flops", "__weakref__",
+        "digest", "depth", "tenant", "pages", "snap", "snap_ref", "snap_hits", "snap_flops",
+        "kv_flops", "run", "pos", "__weakref__",
     )
 
-    def __init__(self, digest: Digest, depth: int, tenant: str | None) -> None:
+    def __init__(
+        self,
+        digest: Digest,
+        depth: int,
+        tenant: str | None,
+        pages: tuple[int, ...] | None = None,
+        kv_flops: float = 0.0,
+    ) -> None:
         self.digest = digest
         self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
         self.tenant = tenant
-        self.pages: tuple[int, ...] | None = None
+        self.pages = pages
         self.snap = -1
-        self.kv_ref = 0
         self.snap_ref = 0
-        self.kv_hits = 0
         self.snap_hits = 0
         self.snap_flops = 0.0
-        self.kv_flops = 0.0
+        self.kv_flops = kv_flops
+        self.run: Run | None = None  # the run holding this unit's KV (None: no KV)
+        self.pos = 0  # position in ``run``
+
+    @property
+    def kv_ref(self) -> int:
+        """Running requests whose block tables use this unit's pages."""
+        return self.run.ref(self.pos) if self.run is not None else 0
+
+    @property
+    def kv_hits(self) -> int:
+        """Requests that reused this unit's KV (counted when their hit is served)."""
+        return self.run.hit_count(self.pos) if self.run is not None else 0
 
     def __repr__(self) -> str:
         return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
 
 
-def _kv_evictable(node: Node) -> bool:  # type: ignore[misc]
-    return node.kv_ref == 0 and node.pages is not None
-
-
 def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
+
+
+class _SlotBatch:
+    """:meth:`PrefixIndex.slot_batch` as a plain context object (no generator per use)."""
+
+    __slots__ = ("index", "depth")
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        if not self.depth:
+            self.index._aside = []
+        self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if not self.depth:
+            index = self.index
+            aside, index._aside = index._aside, None
+            if aside:
+                index.kv_q.put_back(aside)
 
 
 class PrefixIndex:
@@ -93,7 +132,6 @@ class PrefixIndex:
         # would see exactly the same nodes, so callers may reuse it.
         self.version = 0
         self.eviction = eviction
-        self.page_owner: dict[int, Node] = {}
         self._evictable_pages = [0] * arena.layout.num_blocks
         self._ppb = max(arena.layout.pages_per_block, 1)
         self._marconi_ranked: list[tuple[str, Node]] = []
@@ -101,6 +139,7 @@ class PrefixIndex:
         self.marconi_window = marconi_window
         self.on_evict = on_evict
         self._aside: list | None = None  # set while a slot_batch is open
+        self._batch = _SlotBatch(self)  # one reusable context object (allocate opens two)
         self.tenant_bytes: dict[str | None, int] = {}
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
@@ -112,51 +151,79 @@ class PrefixIndex:
             self.snap_q: EvictionQueue = LRUQueue()
         elif eviction == "value":
             clock = Clock()
-            self.kv_q = ValueQueue(clock, flops_per_byte_scale, _kv_evictable)
+            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes)  # type: ignore[assignment]
             self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
-        # The value queue checks held entries lazily: hold_path skips its no-op hold().
-        self._kv_hold = None if isinstance(self.kv_q, ValueQueue) else self.kv_q.hold
+        # The run queue ranks runs (one entry per tail); the others rank every unit.
+        self._runq: RunValueQueue | None = self.kv_q if isinstance(self.kv_q, RunValueQueue) else None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ holding
-    def hold_kv(self, node: Node) -> None:
+    def hold_kv(self, node: Node) -> Hold:
         """A request now uses ``node``'s pages: they cannot be evicted."""
-        self.hold_path([node])
+        return self.hold_path([node])[0]
 
-    def hold_path(self, nodes: list[Node]) -> None:
-        """Hold every node of a matched path: their pages cannot be evicted."""
-        ev, ppb, hold = self._evictable_pages, self._ppb, self._kv_hold
-        for node in nodes:
-            ref = node.kv_ref
-            if ref == 0:
-                pages = node.pages
-                if pages is not None:
-                    if hold is not None:
-                        hold(node)
-                    for p in pages:
-                        ev[p // ppb] -= 1
-            node.kv_ref = ref + 1
+    def hold_path(self, nodes: Sequence[Node]) -> list[Hold]:
+        """Hold every node of a matched path (units from the first, in order; gaps allowed
+        where a unit has no KV): their pages cannot be evicted. Returns the holds, which
+        :meth:`release_runs` takes back (or :meth:`release_path` with the same nodes)."""
+        holds = path_holds(nodes)
+        self.hold_runs(holds)
+        return holds
 
-    def release_path(self, nodes: list[Node], tick: int) -> None:
-        """A request stopped using these nodes' pages; at zero references they become
-        evictable. Deepest first: under LRU the tail of a prefix goes before its head."""
-        ev, ppb = self._evictable_pages, self._ppb
-        freed: list[tuple[Node, float, int]] = []
-        add = freed.append
-        for node in reversed(nodes):
-            ref = node.kv_ref - 1
-            node.kv_ref = ref
-            if ref == 0:
-                pages = node.pages
-                if pages is not None:
-                    for p in pages:
-                        ev[p // ppb] += 1
-                    add((node, node.kv_flops, node.kv_hits))
-            elif ref < 0:
-                raise AssertionError(f"negative kv_ref on {node}")
-        self.kv_q.add_many(freed, tick, self.node_kv_bytes)
+    def hold_runs(self, holds: Sequence[Hold]) -> None:
+        """Take the holds ``(run, end)``: units ``[0, end)`` of each run are pinned."""
+        ev, kv_hold = self._evictable_pages, None if self._runq is not None else self.kv_q.hold
+        for run, end in holds:
+            h = run.holds
+            h[end] = h.get(end, 0) + 1
+            old = run.held
+            if end > old:
+                run.held = end
+                shift_blocks(ev, run, old, end, -1)
+                if kv_hold is not None:
+                    for node in run.nodes[old:end]:
+                        kv_hold(node)
+
+    def release_path(self, nodes: Sequence[Node], tick: int) -> None:
+        """Release what :meth:`hold_path` (or registration) took for ``nodes``."""
+        self.release_runs(path_holds(nodes), tick)
+
+    def release_runs(self, holds: Sequence[Hold], tick: int) -> None:
+        """Release holds; units no longer held become evictable. Deepest first: under LRU
+        the tail of a prefix goes before its head."""
+        ev, runq = self._evictable_pages, self._runq
+        for run, end in reversed(holds):
+            h = run.holds
+            c = h.get(end, 0) - 1
+            if c < 0:
+                raise AssertionError(f"negative kv_ref: release of {end} units of {run}")
+            if c:
+                h[end] = c
+            else:
+                del h[end]
+            if runq is not None:
+                runq.on_release(run, end)
+            if c or end != run.held:
+                continue
+            new = max(h) if h else 0
+            if new == end:
+                continue
+            run.held = new
+            shift_blocks(ev, run, new, end, 1)
+            if runq is not None:
+                runq.touch(run)
+            else:
+                flops = run.flops
+                self.kv_q.add_many(
+                    [(n, flops, 0) for n in reversed(run.nodes[new:end])], tick, self.node_kv_bytes
+                )
+
+    def count_hits(self, holds: Sequence[Hold]) -> None:
+        """A request's hit on these holds was served: every unit in them gains a hit."""
+        for run, end in holds:
+            run.hits[end] = run.hits.get(end, 0) + 1
 
     def pin_snapshot(self, node: Node) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
@@ -175,7 +242,8 @@ class PrefixIndex:
     def register_kv(
         self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
     ) -> Node:
-        """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference."""
+        """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference
+        (released with :meth:`release_path`)."""
         run = self.register_kv_run({depth: digest}, depth, depth + 1, tenant, [{depth: p} for p in pages], flops)
         assert run, "register_kv on a node that has KV"
         return run[0]
@@ -188,6 +256,7 @@ class PrefixIndex:
         tenant: str | None,
         tables: Sequence[Sequence[int] | Mapping[int, int]],
         flops: float,
+        after: Hold | None = None,
     ) -> list[Node]:
         """:meth:`register_kv` for units ``first, first+1, ...`` before ``end``, stopping at
         the first unit that already has KV (a duplicate, which the caller handles).
@@ -199,31 +268,54 @@ class PrefixIndex:
             tables: the request's block table per attention group (page of unit ``i`` at
                 index ``i``).
             flops: value of each unit's KV (depth-independent, see the manager).
+            after: the caller's hold on the run that ends at unit ``first - 1``, if any. If
+                it covers that whole run, the new units extend it and the hold moves to the
+                new end (a conversation's turns become one run); else they form a new run.
 
         Returns:
-            The registered nodes, each held once by the caller, in unit order.
+            The registered nodes, in unit order, all in one run that the caller now holds
+            once up to the last of them: ``(nodes[0].run, nodes[-1].pos + 1)``.
         """
-        nodes, owner, out = self.nodes, self.page_owner, []
+        nodes, out = self.nodes, []
         get, append = nodes.get, out.append
         one = tables[0] if len(tables) == 1 else None
         for i in range(first, end):
             d = digests[i]
             node = get(d)
+            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
             if node is None:
-                node = Node(d, i, tenant)
-                nodes[d] = node
+                node = nodes[d] = Node(d, i, tenant, pages, flops)
             elif node.pages is not None:
                 break
-            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
-            node.pages = pages
-            node.kv_flops = flops
-            node.kv_ref += 1
-            for p in pages:
-                owner[p] = node
+            else:  # a snapshot-only node gets its KV back
+                node.pages, node.kv_flops = pages, flops
             append(node)
-        if out:
-            self.version += 1
-            self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * len(out)
+        if not out:
+            return out
+        self.version += 1
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * len(out)
+        stop = first + len(out)
+        per_group = [
+            t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
+            for t in tables
+        ]
+        if after is not None:
+            run, old = after
+            tail = run.nodes[-1] if run.nodes else None
+            if old == len(run.nodes) and tail is not None and tail.depth == first - 1 and run.flops == flops:
+                run.extend(out, per_group, self._ppb)
+                h = run.holds
+                c = h[old] - 1
+                if c:
+                    h[old] = c
+                else:
+                    del h[old]
+                run.held = len(run.nodes)
+                h[run.held] = h.get(run.held, 0) + 1
+                return out
+        run = Run(out, per_group, flops, self._ppb)
+        run.holds[len(out)] = 1
+        run.held = len(out)
         return out
 
     def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
@@ -246,15 +338,24 @@ class PrefixIndex:
     def evict_kv(self, node: Node) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
         self.version += 1
-        assert node.kv_ref == 0 and node.pages is not None
+        run = node.run
+        assert run is not None and node.pos >= run.held and node.pages is not None
         self.kv_q.discard(node)
-        ev, ppb, owner, free_page = self._evictable_pages, self._ppb, self.page_owner, self.arena.free_page
+        ev, ppb, free_page = self._evictable_pages, self._ppb, self.arena.free_page
         for p in node.pages:
             ev[p // ppb] -= 1
-            del owner[p]
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
         node.pages = None
+        if node.pos == len(run.nodes) - 1:
+            pop_tail(run)
+            tail = None
+        else:
+            tail = split(run, node.pos, self._ppb)
+        if self._runq is not None:
+            self._runq.touch(run)
+            if tail is not None:
+                self._runq.touch(tail)
         if node.snap < 0:
             del self.nodes[node.digest]
 
@@ -406,20 +507,11 @@ class PrefixIndex:
             if aside and not batch:
                 self.kv_q.put_back(aside)
 
-    @contextmanager
-    def slot_batch(self) -> Iterator[None]:
-        """Slot allocations inside share one set-aside list: nothing pins or unpins a slab
-        in between (no page is allocated or held), so a pinned entry stays pinned."""
-        if self._aside is not None:
-            yield
-            return
-        self._aside = []
-        try:
-            yield
-        finally:
-            aside, self._aside = self._aside, None
-            if aside:
-                self.kv_q.put_back(aside)
+    def slot_batch(self) -> _SlotBatch:
+        """Context: slot allocations inside share one set-aside list: nothing pins or
+        unpins a slab in between (no page is allocated or held), so a pinned entry stays
+        pinned. Re-entrant; the outermost exit puts the set-aside entries back."""
+        return self._batch
 
     def clear(self) -> int:
         """Evict every evictable entry; returns how many were evicted."""
@@ -431,15 +523,41 @@ class PrefixIndex:
     def kv_run(self, digests: list[Digest], max_units: int) -> list[Node]:
         """Nodes of the longest run of units, from the first, that have KV (at most
         ``max_units``): the pages a request can reuse, in unit order."""
+        return self.kv_path(digests, max_units)[0]
+
+    def kv_path(self, digests: list[Digest], max_units: int) -> tuple[list[Node], list[Hold]]:
+        """:meth:`kv_run` and the holds that cover it, one per run it crosses.
+
+        One dictionary look-up per run, not per unit. Digests are chained, so two paths
+        that agree at one unit agree at every unit before it: from a run's first matching
+        unit, the end of the stretch is found by comparing single digests (the stretch's
+        last one, else a binary search), never the units in between.
+        """
         get = self.nodes.get
-        run: list[Node] = []
-        append = run.append
-        for d in digests[:max_units]:
-            node = get(d)
-            if node is None or node.pages is None:
+        n = min(len(digests), max_units)
+        path: list[Node] = []
+        holds: list[Hold] = []
+        i = 0
+        while i < n:
+            node = get(digests[i])
+            if node is None or node.run is None:
                 break
-            append(node)
-        return run
+            run, p = node.run, node.pos
+            m = min(len(run.nodes) - p, n - i)
+            rd = run.digests
+            if m > 1 and rd[p + m - 1] != digests[i + m - 1]:
+                ok, bad = 1, m  # units [0, ok) agree, unit bad - 1 does not
+                while bad - ok > 1:
+                    mid = (ok + bad) // 2
+                    if rd[p + mid - 1] == digests[i + mid - 1]:
+                        ok = mid
+                    else:
+                        bad = mid
+                m = ok
+            path += run.nodes[p : p + m]
+            holds.append((run, p + m))
+            i += m
+        return path, holds
 
     def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
         """Longest KV run and deepest snapshot on it.
@@ -459,3 +577,41 @@ def deepest_snapshot(run: list[Node]) -> tuple[int, Node | None]:
         if run[i].snap >= 0:
             return i + 1, run[i]
     return 0, None
+
+
+def path_holds(nodes: Sequence[Node]) -> list[Hold]:
+    """The holds that pin ``nodes`` (a path in unit order): one per run, up to the deepest
+    of its nodes in the path."""
+    holds: list[Hold] = []
+    cur: Run | None = None
+    end = 0
+    for node in nodes:
+        run = node.run
+        if run is None:
+            raise AssertionError(f"hold of {node}, which has no KV")
+        if run is not cur:
+            if cur is not None:
+                holds.append((cur, end))
+            cur, end = run, 0
+        if node.pos >= end:
+            end = node.pos + 1
+    if cur is not None:
+        holds.append((cur, end))
+    return holds
+
+
+def truncate_holds(path: Sequence[Node], holds: Sequence[Hold], units: int) -> list[Hold]:
+    """The holds of ``path`` (as :meth:`PrefixIndex.kv_path` returns them) cut to its first
+    ``units`` units."""
+    if units >= len(path):
+        return list(holds)
+    if units <= 0:
+        return []
+    last = path[units - 1]
+    out: list[Hold] = []
+    for run, end in holds:
+        if run is last.run:
+            out.append((run, last.pos + 1))
+            break
+        out.append((run, end))
+    return out

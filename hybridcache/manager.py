@@ -30,7 +30,7 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Node, PrefixIndex, deepest_snapshot
+from hybridcache.index import Hold, Node, PrefixIndex, deepest_snapshot, truncate_holds
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
@@ -137,23 +137,24 @@ class HybridCacheManager:
         req = self._get(request_id)
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
-        kv_units, snap_units, _, _ = self._walk(req)
+        kv_units, snap_units, _, _, _ = self._walk(req)
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
-    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Node]]:
+    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Node], list[Hold]]:
         """The index walk for ``req``, reused while neither the index nor the request changed.
 
         ``add_request`` matches and the first ``allocate`` applies the match, usually with
         nothing registered or evicted in between: the walk is then done once, not twice.
 
         Returns:
-            ``(kv_units, snap_units, snap_node, kv_run)``, see :meth:`PrefixIndex.walk`.
+            ``(kv_units, snap_units, snap_node, path, holds)``: see :meth:`PrefixIndex.walk`;
+            ``path`` and ``holds`` are :meth:`PrefixIndex.kv_path`.
         """
         key = (self.index.version, req.num_tokens)
         if req.walk is None or req.walk[0] != key:
-            run = self.index.kv_run(req.hasher.digests, (req.num_tokens - 1) // self.unit)
-            req.walk = (key, (len(run), *deepest_snapshot(run), run))
+            path, holds = self.index.kv_path(req.hasher.digests, (req.num_tokens - 1) // self.unit)
+            req.walk = (key, (len(path), *deepest_snapshot(path), path, holds))
         return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -208,8 +209,10 @@ class HybridCacheManager:
         try:
             copies = self._first_slot(req, undo) if first else CopyPlan()
             new_pages = self._alloc_pages(req, end, undo)
-            with self.index.slot_batch():
-                drafts = tuple(self._need_slot(undo) for _ in range(num_draft * self.has_state))
+            drafts: tuple[int, ...] = ()
+            if num_draft and self.has_state:
+                with self.index.slot_batch():
+                    drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
         except OutOfSpaceError:
             for p in undo.pages:
                 self.arena.free_page(p)
@@ -241,12 +244,15 @@ class HybridCacheManager:
     def _begin(self, req: Request) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        kv_units, snap_units, snap_node, run = self._walk(req)
+        kv_units, snap_units, snap_node, path, holds = self._walk(req)
         hit_units = snap_units if self.has_state else kv_units
-        held = run[:hit_units]
-        self.index.hold_path(held)
+        held = path[:hit_units]
+        holds = truncate_holds(path, holds, hit_units)
+        self.index.hold_runs(holds)
         req.nodes = held
-        req.pages = [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
+        req.hit_holds = holds
+        req.holds = list(holds)
+        req.pages = self._hit_pages(held, holds)
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
@@ -258,8 +264,18 @@ class HybridCacheManager:
         req.prompt_len = req.num_tokens
         return req.hit_tokens
 
+    def _hit_pages(self, held: list[Node], holds: list[Hold]) -> list[list[int]]:
+        """Block tables of the hit, per group: slices of each run's page lists."""
+        if sum(end for _, end in holds) != len(held):  # a hold not from a run's start
+            return [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
+        tables: list[list[int]] = [[] for _ in self.groups]
+        for run, end in holds:
+            for t, pages in zip(tables, run.pages):
+                t += pages[:end]
+        return tables
+
     def _rollback_first(self, req: Request) -> None:
-        self.index.release_path(req.nodes, self.tick)
+        self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
         req.reset()
@@ -389,19 +405,24 @@ class HybridCacheManager:
         f = self.spec.flops.prefill_flops
         m.prefill_flops += f(0, req.prompt_len)
         m.prefill_flops_saved += f(0, req.hit_tokens)
-        for node in req.nodes:
-            node.kv_hits += 1
+        self.index.count_hits(req.hit_holds)
 
     def _register_units(self, req: Request, full_units: int) -> None:
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
         nodes, registered, i = req.nodes, 0, len(req.nodes)
+        get = index.nodes.get
         while i < full_units:
-            node = index.nodes.get(digests[i])
-            if node is not None and node.pages is not None:
-                index.hold_kv(node)  # duplicate: keep our private page, hold theirs
-                req.dup_pages.append(i)
-                nodes.append(node)
-                i += 1
+            dups = []
+            while i + len(dups) < full_units:
+                node = get(digests[i + len(dups)])
+                if node is None or node.pages is None:
+                    break
+                dups.append(node)
+            if dups:  # computed meanwhile by another request: keep our private pages, hold theirs
+                req.holds += index.hold_path(dups)
+                req.dup_pages.extend(range(i, i + len(dups)))
+                nodes += dups
+                i += len(dups)
                 continue
             end = full_units
             if quota is not None:
@@ -412,8 +433,14 @@ class HybridCacheManager:
                 end = min(end, i + room)
             # Depth-independent value: a prefix's head must never rank below its tail,
             # or value eviction drops heads first and strands unreachable tails.
-            run = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops)
-            nodes.extend(run)
+            last = req.holds[-1] if req.holds else None
+            run = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops, last)
+            hold = (run[0].run, run[-1].pos + 1)
+            if last is not None and hold[0] is last[0]:
+                req.holds[-1] = hold  # the new units extended the run we held
+            else:
+                req.holds.append(hold)  # type: ignore[arg-type]
+            nodes += run
             i += len(run)
             registered += len(run) * len(req.pages)
         self.metrics.kv_pages_registered += registered
@@ -572,7 +599,7 @@ class HybridCacheManager:
         for i in req.dup_pages:
             for t in req.pages:
                 self.arena.free_page(t[i])
-        self.index.release_path(req.nodes, self.tick)
+        self.index.release_runs(req.holds, self.tick)
 
     def clear(self) -> int:
         """Evict every cached entry no request holds; returns how many were evicted."""

@@ -25,7 +25,7 @@ class Request:
         "id", "hasher", "tenant", "num_tokens", "prompt_len", "allocated", "counted",
         "nodes", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
-        "num_computed", "num_allocated", "step_start", "snap_marks", "walk",
+        "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -57,7 +57,11 @@ class Request:
         self.num_allocated = 0
         self.step_start = 0
         self.snap_marks: list[int] = []
-        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list[Node]]] | None = None
+        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list[Node], list]] | None = None
+        # Run holds (see hybridcache.runs) covering ``nodes``, released at free; the first
+        # ones, ``hit_holds``, are the matched hit (counted as hits once served).
+        self.holds: list = []
+        self.hit_holds: list = []
 
     def last_snapshot_boundary(self, boundary: int) -> int:
         """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""

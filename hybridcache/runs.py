@@ -1,0 +1,271 @@
+"""Runs: consecutive KV units registered together, the unit of holding and value ranking.
+
+A request registers the units it computed in one go, so they form a *run*: nodes ``R[0],
+R[1], ...`` where each is the next unit of the one before on one token chain. Because
+digests are chained, any path from the first unit that reaches ``R[j]`` passes through
+``R[0..j)`` (the digest of ``R[j]`` names its whole prefix), so every hold on a run is a
+*prefix* ``[0, end)`` of it. That turns per-unit bookkeeping into per-run bookkeeping:
+
+- **Holds.** A run keeps a multiset of hold ends; units ``[0, held)`` are pinned, where
+  ``held`` is the largest end. Holding or releasing a 170-unit prefix is one dict update
+  (plus the per-block evictable-page counts, kept per run as block segments), not 170 node
+  updates.
+- **Value ranking.** A unit's hits and last release only grow towards the head of its run
+  (whoever used ``R[j]`` used ``R[0..j)`` too), so the tail is always a run's lowest-ranked
+  unit. :class:`RunValueQueue` queues one entry per run, its tail; evicting it exposes the
+  next tail. Hits and release times are stored per hold end, and a unit's values are read
+  from the ends past it.
+- **Eviction** only removes unpinned units, at or past ``held``: taking the tail shortens
+  the run; taking a unit inside it (LRU or Marconi choosing around pinned slabs) splits it,
+  and the part past the victim becomes a run of its own (a path reaches it again only once
+  the victim is recomputed, by a new run).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_right
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from hybridcache.policy import Clock
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.index import Node
+
+
+class Run:
+    """Consecutive units of one chain, registered together (see module docstring)."""
+
+    __slots__ = (
+        "nodes", "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops",
+        "qseq", "qprio",
+    )
+
+    def __init__(self, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> None:
+        self.nodes = nodes
+        self.digests = [n.digest for n in nodes]  # for walks: one compare per stretch
+        self.pages = pages  # per attention group, page of the unit at each position
+        self.segs = [block_segments(p, ppb) for p in pages]
+        # Keyed by hold end, never past the run's length (ends are folded as it shrinks):
+        self.holds: dict[int, int] = {}  # number of holds
+        self.held = 0  # units [0, held) are pinned
+        self.hits: dict[int, int] = {}  # counted hits of holds that ended there
+        self.rel: dict[int, float] = {}  # priority base at the last release
+        self.flops = flops
+        self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
+        self.qprio = 0.0
+        for i, n in enumerate(nodes):
+            n.run, n.pos = self, i
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __repr__(self) -> str:
+        return f"Run(len={len(self.nodes)}, held={self.held}, holds={self.holds})"
+
+    def extend(self, nodes: list[Node], pages: list[list[int]], ppb: int) -> None:
+        """Append units that continue the run's chain (registered by a request holding
+        the whole run, so every path to them crosses the run)."""
+        for i, n in enumerate(nodes, len(self.nodes)):
+            n.run, n.pos = self, i
+        self.nodes += nodes
+        self.digests += [n.digest for n in nodes]
+        for pl, new, (starts, blocks) in zip(self.pages, pages, self.segs):
+            last = blocks[-1] if blocks else -1
+            for i, p in enumerate(new, len(pl)):
+                b = p // ppb
+                if b != last:
+                    starts.append(i)
+                    blocks.append(b)
+                    last = b
+            pl += new
+
+    def ref(self, pos: int) -> int:
+        """Holds covering the unit at ``pos`` (its reference count)."""
+        return sum(c for end, c in self.holds.items() if end > pos)
+
+    def hit_count(self, pos: int) -> int:
+        """Counted hits of the unit at ``pos``."""
+        return sum(c for end, c in self.hits.items() if end > pos)
+
+
+def block_segments(pages: list[int], ppb: int) -> tuple[list[int], list[int]]:
+    """``(starts, blocks)``: maximal stretches of positions whose pages share a block."""
+    starts: list[int] = []
+    blocks: list[int] = []
+    last = -1
+    for i, p in enumerate(pages):
+        b = p // ppb
+        if b != last:
+            starts.append(i)
+            blocks.append(b)
+            last = b
+    return starts, blocks
+
+
+def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> None:
+    """Add ``delta`` to ``counts[block]`` for every page of the units at ``[lo, hi)``, in
+    every group: one step per block segment, not per page."""
+    n_units = len(run.nodes)
+    for starts, blocks in run.segs:
+        i = bisect_right(starts, lo) - 1
+        n = len(starts)
+        while i < n:
+            s = starts[i]
+            if s >= hi:
+                break
+            e = starts[i + 1] if i + 1 < n else n_units
+            counts[blocks[i]] += delta * ((e if e < hi else hi) - (s if s > lo else lo))
+            i += 1
+
+
+def pop_tail(run: Run) -> Node:
+    """Remove the run's last unit; returns its node (detached)."""
+    node = run.nodes.pop()
+    run.digests.pop()
+    n = len(run.nodes)
+    # Keep every hit / release end within the run (touch() reads the tail's in O(1)).
+    if n + 1 in run.hits:
+        run.hits[n] = run.hits.get(n, 0) + run.hits.pop(n + 1)
+    if n + 1 in run.rel:
+        v = run.rel.pop(n + 1)
+        run.rel[n] = max(run.rel.get(n, v), v)
+    for pages, (starts, blocks) in zip(run.pages, run.segs):
+        pages.pop()
+        while starts and starts[-1] >= n:
+            starts.pop()
+            blocks.pop()
+    node.run = None
+    return node
+
+
+def split(run: Run, j: int, ppb: int) -> Run | None:
+    """Remove the unit at ``j`` (unpinned: ``j >= run.held``); units past it move to a new
+    run, returned (``None`` if there are none). Hold ends are all ``<= j`` and stay."""
+    node = run.nodes[j]
+    tail_nodes = run.nodes[j + 1 :]
+    tail_pages = [p[j + 1 :] for p in run.pages]
+    del run.nodes[j:], run.digests[j:]
+    for p in run.pages:
+        del p[j:]
+    run.segs = [block_segments(p, ppb) for p in run.pages]
+    hits, rel = run.hits, run.rel
+    run.hits, run.rel = {}, {}
+    for end, c in hits.items():
+        run.hits[min(end, j)] = run.hits.get(min(end, j), 0) + c
+    for end, v in rel.items():
+        run.rel[min(end, j)] = max(run.rel.get(min(end, j), v), v)
+    node.run = None
+    if not tail_nodes:
+        return None
+    tail = Run(tail_nodes, tail_pages, run.flops, ppb)
+    cut = j + 1
+    tail.hits = {end - cut: c for end, c in hits.items() if end > cut}
+    tail.rel = {end - cut: v for end, v in rel.items() if end > cut}
+    return tail
+
+
+class RunValueQueue:
+    """GreedyDual-Size-Frequency over KV units, one heap entry per run (its tail).
+
+    Priority of a unit = ``base + max(hits, 1) * flops / bytes`` in the same units as
+    :class:`~hybridcache.policy.ValueQueue` (which ranks the snapshots on the shared
+    :class:`~hybridcache.policy.Clock`), where ``base`` is the clock when the unit last
+    became evictable. A run's tail has the lowest priority of the run (module docstring),
+    so the heap holds tails only. Entries are lazy: :meth:`touch` pushes a fresh entry when
+    a tail's priority may have changed, and stale or pinned ones are dropped at the top.
+    """
+
+    def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
+        self._clock = clock
+        self._per = 1.0 / (nbytes or 1) / scale
+        self._heap: list[tuple[float, int, Run]] = []
+        self._seq = 0
+        self._live = 0  # runs with a current entry (qseq != 0)
+
+    def on_release(self, run: Run, end: int) -> None:
+        """A hold ending at ``end`` was released: units below it were used until now."""
+        run.rel[end] = self._clock.value
+
+    def touch(self, run: Run) -> None:
+        """(Re)queue the run's tail at its current priority if it is evictable."""
+        n = len(run.nodes)
+        if not n or run.held >= n:
+            return
+        base = run.rel.get(n, self._clock.value)  # ends never pass the run's length
+        hits = run.hits.get(n, 0)
+        prio = base + (hits if hits > 1 else 1) * run.flops * self._per
+        if run.qseq:
+            if prio == run.qprio:
+                return
+        else:
+            self._live += 1
+        self._seq += 1
+        run.qseq, run.qprio = self._seq, prio
+        heapq.heappush(self._heap, (prio, self._seq, run))
+        if len(self._heap) > 4 * self._live + 4096:
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Drop stale entries (every queued run has exactly one live entry)."""
+        self._heap = [e for e in self._heap if e[2].qseq == e[1]]
+        heapq.heapify(self._heap)
+
+    def _clean(self) -> None:
+        heap = self._heap
+        while heap:
+            _, seq, run = heap[0]
+            if run.qseq != seq:
+                heapq.heappop(heap)
+            elif not run.nodes or run.held >= len(run.nodes):
+                heapq.heappop(heap)
+                run.qseq = 0  # pinned tail: requeued by touch() on release
+                self._live -= 1
+            else:
+                return
+
+    def peek(self) -> tuple[float, Node] | None:
+        self._clean()
+        if not self._heap:
+            return None
+        prio, _, run = self._heap[0]
+        return prio, run.nodes[-1]
+
+    def first(self, pred: Callable[[Node], bool], aside: list) -> tuple[float, Node] | None:
+        """Lowest-ranked tail satisfying ``pred``; entries skipped go to ``aside``."""
+        heap = self._heap
+        while True:
+            self._clean()
+            if not heap:
+                return None
+            prio, _, run = heap[0]
+            if pred(run.nodes[-1]):
+                return prio, run.nodes[-1]
+            aside.append(heapq.heappop(heap))
+
+    def put_back(self, aside: list) -> None:
+        for entry in aside:
+            heapq.heappush(self._heap, entry)
+        aside.clear()
+
+    def floor(self) -> float | None:
+        return self._clock.value if self._heap else None
+
+    def evicted(self, node: Node) -> None:
+        """``node`` (a queued tail) is being evicted: age the clock to its priority."""
+        run = node.run
+        if run is not None and run.qseq:
+            if run.qprio > self._clock.value:
+                self._clock.value = run.qprio
+            run.qseq = 0
+            self._live -= 1
+
+    def discard(self, node: Node) -> None:
+        """No per-unit entry to drop: the index re-touches the run after evicting."""
+
+    def hold(self, node: Node) -> None:
+        """Pinned tails are dropped lazily at the top."""
+
+    def __len__(self) -> int:
+        return self._live
