@@ -207,6 +207,14 @@ class RunValueQueue:
         if len(self._heap) > 4 * self._live + 4096:
             self._rebuild()
 
+    def priority(self, node: Node) -> float:
+        """Current priority of any KV unit (the queue itself only ranks tails)."""
+        run = node.run
+        assert run is not None, "priority of a node without KV"
+        base = max((v for end, v in run.rel.items() if end > node.pos), default=self._clock.value)
+        hits = run.hit_count(node.pos)
+        return base + (hits if hits > 1 else 1) * run.flops * self._per
+
     def _rebuild(self) -> None:
         """Drop stale entries (every queued run has exactly one live entry)."""
         self._heap = [e for e in self._heap if e[2].qseq == e[1]]

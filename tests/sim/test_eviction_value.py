@@ -31,7 +31,8 @@ def test_value_eviction_drops_the_tail_of_a_prefix_first(kimi):
 def test_snapshot_never_outranks_the_kv_it_needs(kimi):
     mgr = HybridCacheManager(kimi, 8 << 30, CacheConfig(eviction="value", admission="last-token"))
     run(mgr, "a", toks(20000, 3))
-    kv_prios = [p for p, _ in mgr.index.kv_q._live.values()]
+    kv = [n for n in mgr.index.nodes.values() if n.pages is not None]
+    kv_prios = [mgr.index.kv_q.priority(n) for n in kv]
     (snap_prio, _), = mgr.index.snap_q._live.values()
     # 20,000 tokens of marginal FLOPs would rank the 41 MiB snapshot above the pages; capped
     # at a page's value per byte it ranks at most level with them.

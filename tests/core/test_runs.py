@@ -1,0 +1,88 @@
+"""Runs (hybridcache.runs): per-run holds, folding of hit/release ends, value ranking of tails."""
+
+from __future__ import annotations
+
+from hybridcache.index import Node
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.runs import Run, pop_tail, shift_blocks, split
+from tests.core.conftest import tiny_spec
+
+UNIT = 4
+
+
+def _run(n: int, ppb: int = 2) -> Run:
+    nodes = [Node(bytes([i]), i, None, (10 + i,)) for i in range(n)]
+    return Run(nodes, [[10 + i for i in range(n)]], 1.0, ppb)
+
+
+def serve(m: HybridCacheManager, rid: str, tokens: list[int], out: int = 0) -> int:
+    hit = m.add_request(rid, tokens).hit_tokens
+    m.allocate(rid, len(tokens) + out - hit)
+    if out:
+        m.append_tokens(rid, list(range(9000, 9000 + out)))
+    m.commit(rid, len(tokens) + out)
+    m.free(rid)
+    return hit
+
+
+def path_of(m: HybridCacheManager, tokens: list[int]) -> tuple[list, list]:
+    """The cached KV path of ``tokens`` and its holds (read-only)."""
+    m.add_request("probe", tokens)
+    digests = m.requests["probe"].hasher.digests
+    m.free("probe")
+    return m.index.kv_path(digests, len(digests))
+
+
+def test_split_moves_the_far_part_and_clamps_ends():
+    run = _run(6)
+    run.hits, run.rel = {6: 2, 3: 1}, {6: 5.0, 3: 9.0}
+    tail = split(run, 2, ppb=2)
+    assert [n.depth for n in run.nodes] == [0, 1] and run.digests == [b"\0", b"\1"]
+    assert run.hits == {2: 3} and run.rel == {2: 9.0}
+    assert tail is not None and [n.depth for n in tail.nodes] == [3, 4, 5]
+    assert [n.pos for n in tail.nodes] == [0, 1, 2] and all(n.run is tail for n in tail.nodes)
+    assert tail.hits == {3: 2} and tail.rel == {3: 5.0}
+    assert tail.pages == [[13, 14, 15]] and tail.segs == [([0, 1], [6, 7])]
+
+
+def test_pop_tail_folds_ends_into_the_new_tail():
+    run = _run(3)
+    run.hits, run.rel = {3: 1, 2: 4}, {3: 7.0, 2: 1.0}
+    node = pop_tail(run)
+    assert node.run is None and len(run) == 2
+    assert run.hits == {2: 5} and run.rel == {2: 7.0}
+    assert run.segs == [([0], [5])]  # pages 10, 11: both in block 5
+
+
+def test_shift_blocks_counts_pages_per_block():
+    run = _run(5, ppb=2)  # pages 10..14 -> blocks 5, 5, 6, 6, 7
+    counts = [0] * 8
+    shift_blocks(counts, run, 1, 4, 1)
+    assert counts[5:8] == [1, 2, 0]
+
+
+def test_tail_hits_rank_a_run_above_a_colder_one():
+    m = HybridCacheManager(tiny_spec(state=False), 1 << 20, CacheConfig(hash_unit=UNIT))
+    a, b = list(range(17)), list(range(100, 117))
+    for i in range(3):
+        assert serve(m, f"a{i}", a) == (16 if i else 0)
+    serve(m, "b", b)
+    q = m.index.kv_q
+    tail_a, tail_b = path_of(m, a)[0][-1], path_of(m, b)[0][-1]
+    assert tail_a.kv_hits == 2 and tail_b.kv_hits == 0
+    assert q.priority(tail_a) > q.priority(tail_b)
+    prio, victim = q.peek()
+    assert victim is tail_b and prio == q.priority(tail_b)
+
+
+def test_a_turn_extends_the_run_it_continues():
+    m = HybridCacheManager(tiny_spec(), 1 << 22, CacheConfig(hash_unit=UNIT))
+    turn1 = list(range(21))
+    serve(m, "t1", turn1, out=8)  # registers units 0..6 (28 tokens)
+    turn2 = turn1 + list(range(9000, 9008)) + list(range(500, 513))
+    assert serve(m, "t2", turn2, out=8) > 0
+    full = turn2 + list(range(9000, 9008))
+    path, holds = path_of(m, full)
+    assert len(holds) == 1 and len(path) == len(holds[0][0]) == len(full) // UNIT
+    run = holds[0][0]
+    assert run.holds == {} and run.held == 0  # nothing held once both turns are freed
