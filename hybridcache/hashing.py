@@ -159,19 +159,11 @@ def hash_units(
     # One bytes object per unit straight from numpy (a void view keeps trailing zero bytes,
     # unlike an "S" view): no Python-level slicing of one big buffer per unit.
     units = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(f"V{unit * 4}").tolist()
-    out: list[Digest] = []
-    append = out.append
     h = parent
     if not extras:
-        for blob in units:
-            h = fn(h + blob)
-            append(h)
-        return out
+        return [h := fn(h + blob) for blob in units]
     get = extras.get
-    for i, blob in enumerate(units, first_unit):
-        h = fn(h + blob + get(i, b""))
-        append(h)
-    return out
+    return [h := fn(h + blob + get(i, b"")) for i, blob in enumerate(units, first_unit)]
 
 
 class TokenHasher:

@@ -60,6 +60,8 @@ class Node:
         tenant: str | None,
         pages: tuple[int, ...] | None = None,
         kv_flops: float = 0.0,
+        run: Run | None = None,
+        pos: int = 0,
     ) -> None:
         self.digest = digest
         self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
@@ -70,8 +72,8 @@ class Node:
         self.snap_hits = 0
         self.snap_flops = 0.0
         self.kv_flops = kv_flops
-        self.run: Run | None = None  # the run holding this unit's KV (None: no KV)
-        self.pos = 0  # position in ``run``
+        self.run = run  # the run holding this unit's KV (None: no KV)
+        self.pos = pos  # position in ``run``
 
     @property
     def kv_ref(self) -> int:
@@ -276,20 +278,38 @@ class PrefixIndex:
             The registered nodes, in unit order, all in one run that the caller now holds
             once up to the last of them: ``(nodes[0].run, nodes[-1].pos + 1)``.
         """
-        nodes, out = self.nodes, []
-        get, append = nodes.get, out.append
+        nodes = self.nodes
+        get = nodes.get
         one = tables[0] if len(tables) == 1 else None
-        for i in range(first, end):
-            d = digests[i]
-            node = get(d)
-            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
-            if node is None:
-                node = nodes[d] = Node(d, i, tenant, pages, flops)
-            elif node.pages is not None:
-                break
-            else:  # a snapshot-only node gets its KV back
-                node.pages, node.kv_flops = pages, flops
-            append(node)
+        run = self._extendable(after, digests, first, flops)
+        fresh = run is None
+        if fresh:
+            run = Run(flops, len(tables))
+        out: list[Node] = []
+        if isinstance(digests, list) and isinstance(one, list) and not any(map(get, digests[first:end])):
+            # Every unit is new (the common case): build the nodes in one comprehension.
+            ds = digests[first:end]
+            at = len(run.nodes)
+            out = [
+                Node(d, i, tenant, (p,), flops, run, k)
+                for d, i, p, k in zip(ds, range(first, end), one[first:end], range(at, at + len(ds)))
+            ]
+            nodes.update(zip(ds, out))
+            placed = True
+        else:
+            append, placed = out.append, False
+            for i in range(first, end):
+                d = digests[i]
+                node = get(d)
+                pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
+                if node is None:
+                    node = nodes[d] = Node(d, i, tenant, pages, flops)
+                elif node.pages is not None:
+                    break
+                else:  # a snapshot-only node gets its KV back
+                    node.pages, node.kv_flops = pages, flops
+                append(node)
+            ds = [n.digest for n in out]
         if not out:
             return out
         self.version += 1
@@ -299,24 +319,34 @@ class PrefixIndex:
             t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
             for t in tables
         ]
-        if after is not None:
-            run, old = after
-            tail = run.nodes[-1] if run.nodes else None
-            if old == len(run.nodes) and tail is not None and tail.depth == first - 1 and run.flops == flops:
-                run.extend(out, per_group, self._ppb)
-                h = run.holds
-                c = h[old] - 1
-                if c:
-                    h[old] = c
-                else:
-                    del h[old]
-                run.held = len(run.nodes)
-                h[run.held] = h.get(run.held, 0) + 1
-                return out
-        run = Run(out, per_group, flops, self._ppb)
-        run.holds[len(out)] = 1
-        run.held = len(out)
+        run.extend(out, ds, per_group, self._ppb, placed)
+        h = run.holds
+        if not fresh:  # the caller's hold moves from the old end to the new one
+            old = after[1]  # type: ignore[index]
+            c = h[old] - 1
+            if c:
+                h[old] = c
+            else:
+                del h[old]
+        run.held = len(run.nodes)
+        h[run.held] = h.get(run.held, 0) + 1
         return out
+
+    @staticmethod
+    def _extendable(
+        after: Hold | None, digests: Sequence[Digest] | Mapping[int, Digest], first: int, flops: float
+    ) -> Run | None:
+        """The run of ``after`` if new units from ``first`` may extend it: the hold covers
+        the whole run and its last unit is unit ``first - 1`` of this chain."""
+        if after is None:
+            return None
+        run, end = after
+        if end != len(run.nodes) or not end or run.flops != flops:
+            return None
+        tail = run.nodes[-1]
+        if tail.depth != first - 1 or run.digests[-1] != digests[first - 1]:
+            return None
+        return run
 
     def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
         """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now)."""

@@ -42,11 +42,12 @@ class Run:
         "qseq", "qprio",
     )
 
-    def __init__(self, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> None:
-        self.nodes = nodes
-        self.digests = [n.digest for n in nodes]  # for walks: one compare per stretch
-        self.pages = pages  # per attention group, page of the unit at each position
-        self.segs = [block_segments(p, ppb) for p in pages]
+    def __init__(self, flops: float, groups: int) -> None:
+        """An empty run; :meth:`extend` adds its units."""
+        self.nodes: list[Node] = []
+        self.digests: list[bytes] = []  # for walks: one compare per stretch
+        self.pages: list[list[int]] = [[] for _ in range(groups)]  # per group, by position
+        self.segs: list[tuple[list[int], list[int]]] = [([], []) for _ in range(groups)]
         # Keyed by hold end, never past the run's length (ends are folded as it shrinks):
         self.holds: dict[int, int] = {}  # number of holds
         self.held = 0  # units [0, held) are pinned
@@ -55,8 +56,13 @@ class Run:
         self.flops = flops
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
-        for i, n in enumerate(nodes):
-            n.run, n.pos = self, i
+
+    @classmethod
+    def of(cls, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> Run:
+        """A run of ``nodes`` (consecutive units) whose pages per group are ``pages``."""
+        run = cls(flops, len(pages))
+        run.extend(nodes, [n.digest for n in nodes], pages, ppb)
+        return run
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -64,22 +70,51 @@ class Run:
     def __repr__(self) -> str:
         return f"Run(len={len(self.nodes)}, held={self.held}, holds={self.holds})"
 
-    def extend(self, nodes: list[Node], pages: list[list[int]], ppb: int) -> None:
-        """Append units that continue the run's chain (registered by a request holding
-        the whole run, so every path to them crosses the run)."""
-        for i, n in enumerate(nodes, len(self.nodes)):
-            n.run, n.pos = self, i
+    def extend(
+        self,
+        nodes: list[Node],
+        digests: list[bytes],
+        pages: list[list[int]],
+        ppb: int,
+        placed: bool = False,
+    ) -> None:
+        """Append units that continue the run's chain (a new run, or one whose whole length
+        the registering request holds, so every path to the new units crosses it).
+
+        Args:
+            nodes, digests: the units and their digests, in order.
+            pages: per attention group, the units' pages.
+            ppb: pages per arena block (for the block segments).
+            placed: the nodes already name this run and their positions.
+        """
+        if not placed:
+            for i, n in enumerate(nodes, len(self.nodes)):
+                n.run, n.pos = self, i
         self.nodes += nodes
-        self.digests += [n.digest for n in nodes]
+        self.digests += digests
         for pl, new, (starts, blocks) in zip(self.pages, pages, self.segs):
+            base = len(pl)
+            pl += new
+            n = len(new)
+            if not n:
+                continue
+            p0 = new[0]
+            if new[-1] - p0 == n - 1 and new == list(range(p0, p0 + n)):
+                # Consecutive pages (bulk allocation): a new segment at each block start.
+                first = (-p0) % ppb or ppb
+                cut = [0, *range(first, n, ppb)]
+                if blocks and blocks[-1] == p0 // ppb:
+                    cut = cut[1:]  # continues the last segment's block
+                starts += [base + k for k in cut]
+                blocks += [(p0 + k) // ppb for k in cut]
+                continue
             last = blocks[-1] if blocks else -1
-            for i, p in enumerate(new, len(pl)):
+            for i, p in enumerate(new, base):
                 b = p // ppb
                 if b != last:
                     starts.append(i)
                     blocks.append(b)
                     last = b
-            pl += new
 
     def ref(self, pos: int) -> int:
         """Holds covering the unit at ``pos`` (its reference count)."""
@@ -159,7 +194,7 @@ def split(run: Run, j: int, ppb: int) -> Run | None:
     node.run = None
     if not tail_nodes:
         return None
-    tail = Run(tail_nodes, tail_pages, run.flops, ppb)
+    tail = Run.of(tail_nodes, tail_pages, run.flops, ppb)
     cut = j + 1
     tail.hits = {end - cut: c for end, c in hits.items() if end > cut}
     tail.rel = {end - cut: v for end, v in rel.items() if end > cut}

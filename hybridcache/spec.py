@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from functools import cached_property
 
 from hybridcache.errors import SpecError
 
@@ -191,22 +192,27 @@ class FlopModel:
         """FLOPs to prefill tokens ``[start, end)`` with ``[0, start)`` already cached."""
         if end <= start:
             return 0.0
+        per_token, per_square = self._coefficients
+        # Each new token attends to everything before it: the quadratic term is the
+        # difference of the two squares.
+        return per_token * (end - start) + per_square * (float(end) ** 2 - float(start) ** 2)
+
+    @cached_property
+    def _coefficients(self) -> tuple[float, float]:
+        """``(per token, per squared position)``: the formula's terms, summed once (the
+        manager prices every snapshot and request with it)."""
         d = float(self.hidden_size)
-        n = float(end - start)
-        # Attention over new tokens: projections are linear; each new token attends to
-        # everything before it, so the quadratic term is the difference of the two squares.
-        quad = 4.0 * d * (float(end) ** 2 - float(start) ** 2)
-        attn = self.num_attention_layers * (8.0 * n * d * d + quad)
-        rec = self.num_recurrent_layers * (
-            12.0 * n * d * d + 16.0 * n * d * self.state_width + 10.0 * n * d
-        )
         mlp_layers = (
             self.num_mlp_layers
             if self.num_mlp_layers is not None
             else self.num_attention_layers + self.num_recurrent_layers
         )
-        mlp = mlp_layers * 16.0 * n * d * d * self.mlp_ratio
-        return attn + rec + mlp
+        per_token = (
+            self.num_attention_layers * 8.0 * d * d
+            + self.num_recurrent_layers * (12.0 * d * d + 16.0 * d * self.state_width + 10.0 * d)
+            + mlp_layers * 16.0 * d * d * self.mlp_ratio
+        )
+        return per_token, self.num_attention_layers * 4.0 * d
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ UNIT = 4
 
 def _run(n: int, ppb: int = 2) -> Run:
     nodes = [Node(bytes([i]), i, None, (10 + i,)) for i in range(n)]
-    return Run(nodes, [[10 + i for i in range(n)]], 1.0, ppb)
+    return Run.of(nodes, [[10 + i for i in range(n)]], 1.0, ppb)
 
 
 def serve(m: HybridCacheManager, rid: str, tokens: list[int], out: int = 0) -> int:
