@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 import xxhash
@@ -64,6 +65,7 @@ class MultiModalItem:
     length: int
 
 
+@lru_cache(maxsize=4096)
 def root_digest(
     algo: str = "xxh3_128",
     seed: str = "",

@@ -449,8 +449,12 @@ class PrefixIndex:
             # is in an unpinned slab, take its best entry rather than stall.
             got = self._marconi_next(pred)
             return got if got is not None or pred is None else self._marconi_next(None)
-        a = self.kv_q.first(pred, aside) if pred is not None else self.kv_q.peek()
         b = self.snap_q.peek()
+        a = self.kv_q.peek()
+        if pred is not None and a is not None and (b is None or a[0] <= b[0]):
+            # Only a KV entry ranked at or below the best snapshot can win: scan for one
+            # in an unpinned slab (first() ranks at or above peek()).
+            a = self.kv_q.first(pred, aside)
         if a is None and b is None:
             return None
         if b is None or (a is not None and a[0] <= b[0]):

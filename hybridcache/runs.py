@@ -39,7 +39,7 @@ class Run:
 
     __slots__ = (
         "nodes", "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops",
-        "qseq", "qprio",
+        "qseq", "qprio", "qorder", "qinherit",
     )
 
     def __init__(self, flops: float, groups: int) -> None:
@@ -56,6 +56,8 @@ class Run:
         self.flops = flops
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
+        self.qorder = 0  # its tie-break rank among equal priorities
+        self.qinherit = False  # the next tail keeps qorder if its priority is equal
 
     @classmethod
     def of(cls, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> Run:
@@ -215,8 +217,11 @@ class RunValueQueue:
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         self._clock = clock
         self._per = 1.0 / (nbytes or 1) / scale
-        self._heap: list[tuple[float, int, Run]] = []
+        # (priority, tie-break order, entry id, run): equal priorities go in push order,
+        # as a per-unit heap would rank them.
+        self._heap: list[tuple[float, int, int, Run]] = []
         self._seq = 0
+        self._order = 0
         self._live = 0  # runs with a current entry (qseq != 0)
 
     def on_release(self, run: Run, end: int) -> None:
@@ -236,9 +241,18 @@ class RunValueQueue:
                 return
         else:
             self._live += 1
+        if run.qinherit and prio == run.qprio:
+            # The next unit of a run whose tail was just evicted, released together with
+            # it: it keeps the tail's place among equal priorities (a per-unit heap pushed
+            # them together, deepest first), so the run drains before its equals' turn.
+            order = run.qorder
+        else:
+            self._order += 1
+            order = self._order
+        run.qinherit = False
         self._seq += 1
-        run.qseq, run.qprio = self._seq, prio
-        heapq.heappush(self._heap, (prio, self._seq, run))
+        run.qseq, run.qprio, run.qorder = self._seq, prio, order
+        heapq.heappush(self._heap, (prio, order, self._seq, run))
         if len(self._heap) > 4 * self._live + 4096:
             self._rebuild()
 
@@ -252,13 +266,13 @@ class RunValueQueue:
 
     def _rebuild(self) -> None:
         """Drop stale entries (every queued run has exactly one live entry)."""
-        self._heap = [e for e in self._heap if e[2].qseq == e[1]]
+        self._heap = [e for e in self._heap if e[3].qseq == e[2]]
         heapq.heapify(self._heap)
 
     def _clean(self) -> None:
         heap = self._heap
         while heap:
-            _, seq, run = heap[0]
+            _, _, seq, run = heap[0]
             if run.qseq != seq:
                 heapq.heappop(heap)
             elif not run.nodes or run.held >= len(run.nodes):
@@ -272,7 +286,7 @@ class RunValueQueue:
         self._clean()
         if not self._heap:
             return None
-        prio, _, run = self._heap[0]
+        prio, _, _, run = self._heap[0]
         return prio, run.nodes[-1]
 
     def first(self, pred: Callable[[Node], bool], aside: list) -> tuple[float, Node] | None:
@@ -282,7 +296,7 @@ class RunValueQueue:
             self._clean()
             if not heap:
                 return None
-            prio, _, run = heap[0]
+            prio, _, _, run = heap[0]
             if pred(run.nodes[-1]):
                 return prio, run.nodes[-1]
             aside.append(heapq.heappop(heap))
@@ -302,6 +316,7 @@ class RunValueQueue:
             if run.qprio > self._clock.value:
                 self._clock.value = run.qprio
             run.qseq = 0
+            run.qinherit = True
             self._live -= 1
 
     def discard(self, node: Node) -> None:
