@@ -39,7 +39,7 @@ class Run:
 
     __slots__ = (
         "nodes", "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops",
-        "qseq", "qprio", "qorder", "qinherit",
+        "qseq", "qprio",
     )
 
     def __init__(self, flops: float, groups: int) -> None:
@@ -52,12 +52,12 @@ class Run:
         self.holds: dict[int, int] = {}  # number of holds
         self.held = 0  # units [0, held) are pinned
         self.hits: dict[int, int] = {}  # counted hits of holds that ended there
-        self.rel: dict[int, float] = {}  # priority base at the last release
+        # (priority base, release number) at the last release: the number ranks equal
+        # priorities in release order, as a per-unit heap ranks them in push order.
+        self.rel: dict[int, tuple[float, int]] = {}
         self.flops = flops
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
-        self.qorder = 0  # its tie-break rank among equal priorities
-        self.qinherit = False  # the next tail keeps qorder if its priority is equal
 
     @classmethod
     def of(cls, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> Run:
@@ -217,41 +217,38 @@ class RunValueQueue:
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         self._clock = clock
         self._per = 1.0 / (nbytes or 1) / scale
-        # (priority, tie-break order, entry id, run): equal priorities go in push order,
-        # as a per-unit heap would rank them.
+        # (priority, release number, entry id, run): equal priorities go in release order
+        # (a run's units released together drain tail first, before later releases).
         self._heap: list[tuple[float, int, int, Run]] = []
         self._seq = 0
         self._order = 0
+        # During a slot allocation (first() with a predicate): for each run set aside, its
+        # deepest unpinned unit that satisfies the predicate, (priority, order, entry id,
+        # position, node). Dropped by put_back().
+        self._cands: list[tuple[float, int, int, int, Node]] = []
+        self._rescan: list[Run] = []  # runs that lost an offered unit: offer the next one
         self._live = 0  # runs with a current entry (qseq != 0)
 
     def on_release(self, run: Run, end: int) -> None:
         """A hold ending at ``end`` was released: units below it were used until now."""
-        run.rel[end] = self._clock.value
+        self._order += 1
+        run.rel[end] = (self._clock.value, self._order)
 
     def touch(self, run: Run) -> None:
         """(Re)queue the run's tail at its current priority if it is evictable."""
         n = len(run.nodes)
         if not n or run.held >= n:
             return
-        base = run.rel.get(n, self._clock.value)  # ends never pass the run's length
+        base, order = run.rel.get(n, (self._clock.value, 0))  # ends never pass the length
         hits = run.hits.get(n, 0)
         prio = base + (hits if hits > 1 else 1) * run.flops * self._per
         if run.qseq:
             if prio == run.qprio:
-                return
+                return  # unchanged: keeps its place, as an unchanged per-unit entry would
         else:
             self._live += 1
-        if run.qinherit and prio == run.qprio:
-            # The next unit of a run whose tail was just evicted, released together with
-            # it: it keeps the tail's place among equal priorities (a per-unit heap pushed
-            # them together, deepest first), so the run drains before its equals' turn.
-            order = run.qorder
-        else:
-            self._order += 1
-            order = self._order
-        run.qinherit = False
         self._seq += 1
-        run.qseq, run.qprio, run.qorder = self._seq, prio, order
+        run.qseq, run.qprio = self._seq, prio
         heapq.heappush(self._heap, (prio, order, self._seq, run))
         if len(self._heap) > 4 * self._live + 4096:
             self._rebuild()
@@ -260,7 +257,7 @@ class RunValueQueue:
         """Current priority of any KV unit (the queue itself only ranks tails)."""
         run = node.run
         assert run is not None, "priority of a node without KV"
-        base = max((v for end, v in run.rel.items() if end > node.pos), default=self._clock.value)
+        base = max((v for end, v in run.rel.items() if end > node.pos), default=(self._clock.value, 0))[0]
         hits = run.hit_count(node.pos)
         return base + (hits if hits > 1 else 1) * run.flops * self._per
 
@@ -290,33 +287,73 @@ class RunValueQueue:
         return prio, run.nodes[-1]
 
     def first(self, pred: Callable[[Node], bool], aside: list) -> tuple[float, Node] | None:
-        """Lowest-ranked tail satisfying ``pred``; entries skipped go to ``aside``."""
-        heap = self._heap
+        """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
+
+        A run set aside still offers its deepest unpinned unit that satisfies ``pred``
+        (the lowest-ranked such unit of the run: priorities grow towards the head), so a
+        slot allocation can empty a slab whose pages sit inside runs, as a per-unit queue
+        would let it; taking such a unit splits its run.
+        """
+        heap, cands = self._heap, self._cands
         while True:
+            for run in self._rescan:
+                self._offer(run, pred, len(run.nodes) - 1)
+            self._rescan.clear()
             self._clean()
+            while cands and not self._valid_cand(cands[0]):
+                heapq.heappop(cands)
+            if cands and (not heap or cands[0][:2] <= heap[0][:2]):
+                return cands[0][0], cands[0][4]
             if not heap:
                 return None
-            prio, _, _, run = heap[0]
+            prio, order, seq, run = heap[0]
             if pred(run.nodes[-1]):
                 return prio, run.nodes[-1]
             aside.append(heapq.heappop(heap))
+            self._offer(run, pred, len(run.nodes) - 2)
+
+    def _offer(self, run: Run, pred: Callable[[Node], bool], start: int) -> None:
+        """Offer the deepest unpinned unit at or above ``start`` that satisfies ``pred``."""
+        if not run.qseq:
+            return
+        nodes = run.nodes
+        for pos in range(start, run.held - 1, -1):
+            if pred(nodes[pos]):
+                order = max((v for end, v in run.rel.items() if end > pos), default=(0.0, 0))[1]
+                cand = (self.priority(nodes[pos]), order, run.qseq, pos, nodes[pos])
+                heapq.heappush(self._cands, cand)
+                return
+
+    @staticmethod
+    def _valid_cand(cand: tuple[float, int, int, int, Node]) -> bool:
+        node = cand[4]
+        run = node.run
+        return run is not None and run.qseq == cand[2] and node.pos == cand[3] and cand[3] >= run.held
 
     def put_back(self, aside: list) -> None:
         for entry in aside:
             heapq.heappush(self._heap, entry)
         aside.clear()
+        self._cands.clear()
+        self._rescan.clear()
 
     def floor(self) -> float | None:
         return self._clock.value if self._heap else None
 
     def evicted(self, node: Node) -> None:
-        """``node`` (a queued tail) is being evicted: age the clock to its priority."""
+        """``node`` (a queued tail, or a unit :meth:`first` offered) is being evicted: age
+        the clock to its priority."""
         run = node.run
+        if run is not None and node.pos < len(run.nodes) - 1:
+            prio = self.priority(node)
+            if prio > self._clock.value:
+                self._clock.value = prio
+            self._rescan.append(run)  # its units above the victim may be offered next
+            return
         if run is not None and run.qseq:
             if run.qprio > self._clock.value:
                 self._clock.value = run.qprio
             run.qseq = 0
-            run.qinherit = True
             self._live -= 1
 
     def discard(self, node: Node) -> None:

@@ -35,22 +35,22 @@ def path_of(m: HybridCacheManager, tokens: list[int]) -> tuple[list, list]:
 
 def test_split_moves_the_far_part_and_clamps_ends():
     run = _run(6)
-    run.hits, run.rel = {6: 2, 3: 1}, {6: 5.0, 3: 9.0}
+    run.hits, run.rel = {6: 2, 3: 1}, {6: (5.0, 1), 3: (9.0, 2)}
     tail = split(run, 2, ppb=2)
     assert [n.depth for n in run.nodes] == [0, 1] and run.digests == [b"\0", b"\1"]
-    assert run.hits == {2: 3} and run.rel == {2: 9.0}
+    assert run.hits == {2: 3} and run.rel == {2: (9.0, 2)}
     assert tail is not None and [n.depth for n in tail.nodes] == [3, 4, 5]
     assert [n.pos for n in tail.nodes] == [0, 1, 2] and all(n.run is tail for n in tail.nodes)
-    assert tail.hits == {3: 2} and tail.rel == {3: 5.0}
+    assert tail.hits == {3: 2} and tail.rel == {3: (5.0, 1)}
     assert tail.pages == [[13, 14, 15]] and tail.segs == [([0, 1], [6, 7])]
 
 
 def test_pop_tail_folds_ends_into_the_new_tail():
     run = _run(3)
-    run.hits, run.rel = {3: 1, 2: 4}, {3: 7.0, 2: 1.0}
+    run.hits, run.rel = {3: 1, 2: 4}, {3: (7.0, 5), 2: (1.0, 3)}
     node = pop_tail(run)
     assert node.run is None and len(run) == 2
-    assert run.hits == {2: 5} and run.rel == {2: 7.0}
+    assert run.hits == {2: 5} and run.rel == {2: (7.0, 5)}
     assert run.segs == [([0], [5])]  # pages 10, 11: both in block 5
 
 
