@@ -389,16 +389,27 @@ class PrefixIndex:
         if node.snap < 0:
             del self.nodes[node.digest]
 
-    def evict_snapshot(self, node: Node) -> None:
-        """Drop ``node``'s snapshot (it must be unpinned)."""
+    def evict_snapshot(self, node: Node, keep_slot: bool = False) -> int:
+        """Drop ``node``'s snapshot (it must be unpinned).
+
+        Args:
+            keep_slot: the caller takes the slot over (a slot allocation evicting for
+                one): it stays allocated instead of going back to the arena.
+
+        Returns:
+            The slot if ``keep_slot``, else -1.
+        """
         self.version += 1
-        assert node.snap_ref == 0 and node.snap >= 0
+        slot = node.snap
+        assert node.snap_ref == 0 and slot >= 0
         self.snap_q.discard(node)
-        self.arena.free_slot(node.snap)
+        if not keep_slot:
+            self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
         if node.pages is None:
             del self.nodes[node.digest]
+        return slot if keep_slot else -1
 
     def _account(self, kind: str, node: Node, nbytes: int) -> None:
         """Count an eviction and call ``on_evict(kind, node, nbytes)``.
@@ -480,6 +491,12 @@ class PrefixIndex:
             aside: KV entries of pinned slabs skipped so far in this allocation; the
                 caller puts them back in the queue (``kv_q.put_back``) when it is done.
         """
+        return self._evict(for_slot, aside, keep_slot=False) is not None
+
+    def _evict(self, for_slot: bool, aside: list | None, keep_slot: bool) -> int | None:
+        """:meth:`evict_one`; returns ``None`` when nothing is evictable, else the victim's
+        slot when ``keep_slot`` and the victim is a snapshot (handed over, not freed),
+        else -1."""
         pred = None
         if for_slot and self.arena.layout.pages_per_block > 1:
             pred = self._in_unpinned_slab
@@ -491,15 +508,14 @@ class PrefixIndex:
         else:
             choice = self._choose(pred, aside)
         if choice is None:
-            return False
+            return None
         kind, node = choice
         if kind == "state":
             self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
-            self.evict_snapshot(node)
-        else:
-            self.kv_q.evicted(node)
-            self.evict_kv(node)
-        return True
+            return self.evict_snapshot(node, keep_slot)
+        self.kv_q.evicted(node)
+        self.evict_kv(node)
+        return -1
 
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
@@ -532,8 +548,11 @@ class PrefixIndex:
         try:
             arena = self.arena
             while s is None:
-                if not self.evict_one(for_slot=True, aside=aside):
+                got = self._evict(True, aside, keep_slot=True)
+                if got is None:
                     return None
+                if got >= 0:
+                    return got  # the evicted snapshot's slot, taken over
                 if arena.may_have_slot():
                     s = arena.alloc_slot()
             return s
