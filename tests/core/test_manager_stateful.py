@@ -15,7 +15,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import CacheConfig, HybridCacheManager
-from tests.core.conftest import tiny_spec
+from tests.core.conftest import check_runs_and_ranks, tiny_spec
 
 UNIT = 4
 PIECES = [list(range(100 * k, 100 * k + n)) for k, n in enumerate([9, 13, 4, 7, 21, 3])]
@@ -212,33 +212,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert {self.oracle.by_digest[d] for d in kv_nodes} == self.oracle.kv
         snap_nodes = {d for d, n in m.index.nodes.items() if n.snap >= 0}
         assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
-        self._runs_and_ranks(m)
-
-    def _runs_and_ranks(self, m: HybridCacheManager) -> None:
-        """Run bookkeeping agrees with a per-node recount; the value queue's top is the
-        lowest priority of any evictable unit (the tail of a run is its minimum)."""
-        index = m.index
-        used = {id(n) for req in m.requests.values() for n in req.nodes}
-        ppb = max(m.layout.pages_per_block, 1)
-        evictable = [0] * m.layout.num_blocks
-        kv = [n for n in index.nodes.values() if n.pages is not None]
-        for node in kv:
-            run = node.run
-            assert run is not None and run.nodes[node.pos] is node and run.digests[node.pos] == node.digest
-            assert node.pos == 0 or run.nodes[node.pos - 1].depth == node.depth - 1
-            assert run.held == max(run.holds, default=0) <= len(run.nodes)
-            assert max([*run.hits, *run.rel], default=0) <= len(run.nodes)
-            assert (node.kv_ref > 0) == (id(node) in used), "held iff a live request uses it"
-            if node.kv_ref == 0:
-                for p in node.pages:
-                    evictable[p // ppb] += 1
-        assert index._evictable_pages == evictable, "evictable pages per block"
-        if m.config.eviction == "value":
-            free = [index.kv_q.priority(n) for n in kv if n.kv_ref == 0]
-            top = index.kv_q.peek()
-            assert (top is None) == (not free)
-            if free:
-                assert top[0] == min(free) and top[1].kv_ref == 0
+        check_runs_and_ranks(m)
 
     def teardown(self):
         if self.m is None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hybridcache.index import Node
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.runs import Run, pop_tail, shift_blocks, split
-from tests.core.conftest import tiny_spec
+from tests.core.conftest import check_runs_and_ranks, tiny_spec
 
 UNIT = 4
 
@@ -86,3 +88,29 @@ def test_a_turn_extends_the_run_it_continues():
     assert len(holds) == 1 and len(path) == len(holds[0][0]) == len(full) // UNIT
     run = holds[0][0]
     assert run.holds == {} and run.held == 0  # nothing held once both turns are freed
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru", "marconi"])
+def test_a_slot_empties_a_slab_inside_a_run(eviction):
+    """A state slot needs an empty block. The run's tail sits in a slab that running requests
+    pin, so the slot loop takes the units of the run's middle slab (deepest first), splits
+    the run and leaves its head reachable and its far part stranded (cached, unreachable)."""
+    spec = tiny_spec()  # 9 pages of one unit per block, one snapshot per block
+    m = HybridCacheManager(spec, 5 * 9216, CacheConfig(hash_unit=UNIT, admission="none", eviction=eviction))
+    assert m.layout.pages_per_block == 9 and m.layout.slots_per_block == 1
+    a = list(range(89))  # 22 full units: slabs 1, 2 and 4 units of slab 3
+    serve(m, "a", a)
+    for rid, base in (("b", 1000), ("c", 2000)):  # running: their pages pin slab 3
+        m.add_request(rid, list(range(base, base + 4)))
+        m.allocate(rid, 4)
+    m.add_request("d", list(range(3000, 3004)))
+    m.allocate("d", 4)  # no free block left: slab 2's nine units go
+    assert m.index.evictions == {"kv": 9, "state": 0}
+    check_runs_and_ranks(m)
+    path, holds = path_of(m, a)
+    assert len(path) == 9 and len(holds) == 1 and len(holds[0][0]) == 9
+    runs = {id(n.run): n.run for n in m.index.nodes.values() if n.run is not None}
+    assert sorted(len(r) for r in runs.values()) == [4, 9]  # far part (stranded), head
+    for rid in "bcd":
+        m.free(rid)
+    check_runs_and_ranks(m)
