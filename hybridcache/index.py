@@ -15,13 +15,8 @@ stays valid when an ancestor's KV is evicted (it becomes reachable again as soon
 ancestor is recomputed), exactly like vLLM's hash-keyed blocks. ``match`` walks digests from
 the first unit and stops at the first unit without KV.
 
-Eviction frees entries until the arena can allocate what is asked. KV pages are evicted in
-whole nodes. A *state slot* needs an empty block, so while one is needed the KV victims are
-taken, in rank order, only from slabs that no running request pins (every page in them is
-evictable): evicting a page of a pinned slab would destroy a cached entry without bringing a
-free block closer. Victims are still single entries of the lowest rank, never whole slabs:
-slab mates can be the most valuable entries in the cache (measured: evicting the victim's
-whole slab cost up to half the hit rate at small budgets).
+KV bookkeeping is per *run* (units registered together, :mod:`hybridcache.runs`); choosing
+victims and allocating under pressure is :mod:`hybridcache.eviction`.
 """
 
 from __future__ import annotations
@@ -29,18 +24,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from hybridcache.arena import Arena
-from hybridcache.policy import (
-    Clock,
-    EvictionQueue,
-    LRUQueue,
-    MarconiQueue,
-    ValueQueue,
-    marconi_ranking,
+from hybridcache.eviction import EvictingAllocator, SlotBatch
+from hybridcache.policy import Clock, EvictionQueue, LRUQueue, MarconiQueue, ValueQueue
+from hybridcache.runs import (
+    Hold,
+    Run,
+    RunValueQueue,
+    path_holds,
+    pop_tail,
+    shift_blocks,
+    split,
+    truncate_holds,
 )
-from hybridcache.runs import Run, RunValueQueue, pop_tail, shift_blocks, split
 
-#: A request's hold on a run: units ``[0, end)`` of ``run`` (see :mod:`hybridcache.runs`).
-Hold = tuple[Run, int]
+__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "deepest_snapshot", "path_holds", "truncate_holds"]
 
 Digest = bytes
 
@@ -93,30 +90,7 @@ def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
 
 
-class _SlotBatch:
-    """:meth:`PrefixIndex.slot_batch` as a plain context object (no generator per use)."""
-
-    __slots__ = ("index", "depth")
-
-    def __init__(self, index: PrefixIndex) -> None:
-        self.index = index
-        self.depth = 0
-
-    def __enter__(self) -> None:
-        if not self.depth:
-            self.index._aside = []
-        self.depth += 1
-
-    def __exit__(self, *exc: object) -> None:
-        self.depth -= 1
-        if not self.depth:
-            index = self.index
-            aside, index._aside = index._aside, None
-            if aside:
-                index.kv_q.put_back(aside)
-
-
-class PrefixIndex:
+class PrefixIndex(EvictingAllocator):
     """Digest -> :class:`Node`, the two eviction queues and the arena they draw from."""
 
     def __init__(
@@ -141,7 +115,7 @@ class PrefixIndex:
         self.marconi_window = marconi_window
         self.on_evict = on_evict
         self._aside: list | None = None  # set while a slot_batch is open
-        self._batch = _SlotBatch(self)  # one reusable context object (allocate opens two)
+        self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
         self.tenant_bytes: dict[str | None, int] = {}
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
@@ -297,18 +271,7 @@ class PrefixIndex:
             nodes.update(zip(ds, out))
             placed = True
         else:
-            append, placed = out.append, False
-            for i in range(first, end):
-                d = digests[i]
-                node = get(d)
-                pages = (one[i],) if one is not None else tuple(t[i] for t in tables)
-                if node is None:
-                    node = nodes[d] = Node(d, i, tenant, pages, flops)
-                elif node.pages is not None:
-                    break
-                else:  # a snapshot-only node gets its KV back
-                    node.pages, node.kv_flops = pages, flops
-                append(node)
+            out, placed = self._claim_units(digests, first, end, tenant, tables, flops), False
             ds = [n.digest for n in out]
         if not out:
             return out
@@ -330,6 +293,32 @@ class PrefixIndex:
                 del h[old]
         run.held = len(run.nodes)
         h[run.held] = h.get(run.held, 0) + 1
+        return out
+
+    def _claim_units(
+        self,
+        digests: Sequence[Digest] | Mapping[int, Digest],
+        first: int,
+        end: int,
+        tenant: str | None,
+        tables: Sequence[Sequence[int] | Mapping[int, int]],
+        flops: float,
+    ) -> list[Node]:
+        """Nodes for units ``first..`` until one already has KV: new ones, or snapshot-only
+        ones that get their KV back (the general path of :meth:`register_kv_run`)."""
+        nodes, out = self.nodes, []
+        one = tables[0] if len(tables) == 1 else None
+        for i in range(first, end):
+            d = digests[i]
+            node = nodes.get(d)
+            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)  # type: ignore[index]
+            if node is None:
+                node = nodes[d] = Node(d, i, tenant, pages, flops)
+            elif node.pages is not None:
+                break
+            else:
+                node.pages, node.kv_flops = pages, flops
+            out.append(node)
         return out
 
     @staticmethod
@@ -425,154 +414,6 @@ class PrefixIndex:
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 
-    def _marconi_next(self, pred: Callable[[Node], bool] | None) -> tuple[str, Node] | None:
-        """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
-        satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
-        for ``pred`` keep their place at the low end of the ranking."""
-        for attempt in range(2):
-            ranking, skipped, found = self._marconi_ranked, [], None
-            while ranking:
-                kind, node = ranking.pop()
-                q = self.kv_q if kind == "kv" else self.snap_q
-                if node not in q.eff:  # type: ignore[attr-defined]
-                    continue
-                if pred is not None and kind == "kv" and not pred(node):
-                    skipped.append((kind, node))
-                    continue
-                found = (kind, node)
-                break
-            ranking.extend(reversed(skipped))
-            if found is not None or attempt:
-                return found
-            ranked = marconi_ranking(
-                {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
-                self.marconi_alpha,
-                self.marconi_window,
-            )
-            self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
-        return None
-
-    def _choose(self, pred: Callable[[Node], bool] | None, aside: list) -> tuple[str, Node] | None:
-        """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
-        (see :meth:`EvictionQueue.first` for ``aside``)."""
-        if self.eviction == "marconi":
-            # Marconi ranks a bounded window of candidates: if none of its KV candidates
-            # is in an unpinned slab, take its best entry rather than stall.
-            got = self._marconi_next(pred)
-            return got if got is not None or pred is None else self._marconi_next(None)
-        b = self.snap_q.peek()
-        a = self.kv_q.peek()
-        if pred is not None and a is not None and (b is None or a[0] <= b[0]):
-            # Only a KV entry ranked at or below the best snapshot can win: scan for one
-            # in an unpinned slab (first() ranks at or above peek()).
-            a = self.kv_q.first(pred, aside)
-        if a is None and b is None:
-            return None
-        if b is None or (a is not None and a[0] <= b[0]):
-            return "kv", a[1]  # type: ignore[index,return-value]
-        return "state", b[1]  # type: ignore[return-value]
-
-    def _in_unpinned_slab(self, node: Node) -> bool:
-        """Evicting ``node`` brings a free block closer: one of its slabs holds only
-        evictable pages (no running request's page, cached or private)."""
-        ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
-        for p in node.pages:  # type: ignore[union-attr]
-            b = p // ppb
-            if ev[b] == used[b]:
-                return True
-        return False
-
-    def evict_one(self, for_slot: bool, aside: list | None = None) -> bool:
-        """Evict the lowest-ranked entry; returns False when nothing is evictable.
-
-        Args:
-            for_slot: the caller needs a state slot (an empty block when snapshots are
-                larger than pages): KV victims come only from slabs no request pins.
-            aside: KV entries of pinned slabs skipped so far in this allocation; the
-                caller puts them back in the queue (``kv_q.put_back``) when it is done.
-        """
-        return self._evict(for_slot, aside, keep_slot=False) is not None
-
-    def _evict(self, for_slot: bool, aside: list | None, keep_slot: bool) -> int | None:
-        """:meth:`evict_one`; returns ``None`` when nothing is evictable, else the victim's
-        slot when ``keep_slot`` and the victim is a snapshot (handed over, not freed),
-        else -1."""
-        pred = None
-        if for_slot and self.arena.layout.pages_per_block > 1:
-            pred = self._in_unpinned_slab
-        if aside is None:
-            own: list = []
-            choice = self._choose(pred, own)
-            if own:
-                self.kv_q.put_back(own)
-        else:
-            choice = self._choose(pred, aside)
-        if choice is None:
-            return None
-        kind, node = choice
-        if kind == "state":
-            self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
-            return self.evict_snapshot(node, keep_slot)
-        self.kv_q.evicted(node)
-        self.evict_kv(node)
-        return -1
-
-    def alloc_page(self) -> int | None:
-        """A page, evicting as needed; ``None`` when nothing more can be evicted."""
-        while True:
-            p = self.arena.alloc_page()
-            if p is not None:
-                return p
-            if not self.evict_one(for_slot=False):
-                return None
-
-    def alloc_pages(self, n: int) -> list[int]:
-        """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
-        out = self.arena.alloc_pages(n)
-        while len(out) < n:
-            if not self.evict_one(for_slot=False):
-                break
-            out += self.arena.alloc_pages(n - len(out))
-        return out
-
-    def alloc_slot(self) -> int | None:
-        """A state slot, evicting as needed; ``None`` when nothing more can be evicted
-        (or only KV in slabs that running requests pin, which would free no block)."""
-        s = self.arena.alloc_slot()
-        if s is not None:
-            return s
-        # Pinned-slab KV entries are set aside once for the whole loop (or the whole
-        # slot_batch), not rescanned for every victim.
-        batch = self._aside is not None
-        aside: list = self._aside if batch else []  # type: ignore[assignment]
-        try:
-            arena = self.arena
-            while s is None:
-                got = self._evict(True, aside, keep_slot=True)
-                if got is None:
-                    return None
-                if got >= 0:
-                    return got  # the evicted snapshot's slot, taken over
-                if arena.may_have_slot():
-                    s = arena.alloc_slot()
-            return s
-        finally:
-            if aside and not batch:
-                self.kv_q.put_back(aside)
-
-    def slot_batch(self) -> _SlotBatch:
-        """Context: slot allocations inside share one set-aside list: nothing pins or
-        unpins a slab in between (no page is allocated or held), so a pinned entry stays
-        pinned. Re-entrant; the outermost exit puts the set-aside entries back."""
-        return self._batch
-
-    def clear(self) -> int:
-        """Evict every evictable entry; returns how many were evicted."""
-        n = 0
-        while self.evict_one(for_slot=False):
-            n += 1
-        return n
-
     def kv_run(self, digests: list[Digest], max_units: int) -> list[Node]:
         """Nodes of the longest run of units, from the first, that have KV (at most
         ``max_units``): the pages a request can reuse, in unit order."""
@@ -630,41 +471,3 @@ def deepest_snapshot(run: list[Node]) -> tuple[int, Node | None]:
         if run[i].snap >= 0:
             return i + 1, run[i]
     return 0, None
-
-
-def path_holds(nodes: Sequence[Node]) -> list[Hold]:
-    """The holds that pin ``nodes`` (a path in unit order): one per run, up to the deepest
-    of its nodes in the path."""
-    holds: list[Hold] = []
-    cur: Run | None = None
-    end = 0
-    for node in nodes:
-        run = node.run
-        if run is None:
-            raise AssertionError(f"hold of {node}, which has no KV")
-        if run is not cur:
-            if cur is not None:
-                holds.append((cur, end))
-            cur, end = run, 0
-        if node.pos >= end:
-            end = node.pos + 1
-    if cur is not None:
-        holds.append((cur, end))
-    return holds
-
-
-def truncate_holds(path: Sequence[Node], holds: Sequence[Hold], units: int) -> list[Hold]:
-    """The holds of ``path`` (as :meth:`PrefixIndex.kv_path` returns them) cut to its first
-    ``units`` units."""
-    if units >= len(path):
-        return list(holds)
-    if units <= 0:
-        return []
-    last = path[units - 1]
-    out: list[Hold] = []
-    for run, end in holds:
-        if run is last.run:
-            out.append((run, last.pos + 1))
-            break
-        out.append((run, end))
-    return out

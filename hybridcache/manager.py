@@ -30,11 +30,13 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Hold, Node, PrefixIndex, deepest_snapshot, truncate_holds
+from hybridcache.index import Node, PrefixIndex, deepest_snapshot
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
 from hybridcache.requests import Request, admission_points
+from hybridcache.runs import Hold, hold_tables, truncate_holds
+from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
 
 
@@ -44,7 +46,7 @@ class _Undo:
     slots: list[int] = field(default_factory=list)
 
 
-class HybridCacheManager:
+class HybridCacheManager(SavePointControl):
     """Prefix cache manager for one model over one byte budget (see module docstring)."""
 
     def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
@@ -252,7 +254,7 @@ class HybridCacheManager:
         req.nodes = held
         req.hit_holds = holds
         req.holds = list(holds)
-        req.pages = self._hit_pages(held, holds)
+        req.pages = hold_tables(held, holds, len(self.groups))
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
@@ -263,16 +265,6 @@ class HybridCacheManager:
         req.num_computed = req.hit_tokens
         req.prompt_len = req.num_tokens
         return req.hit_tokens
-
-    def _hit_pages(self, held: list[Node], holds: list[Hold]) -> list[list[int]]:
-        """Block tables of the hit, per group: slices of each run's page lists."""
-        if sum(end for _, end in holds) != len(held):  # a hold not from a run's start
-            return [[n.pages[g] for n in held] for g in range(len(self.groups))]  # type: ignore[index]
-        tables: list[list[int]] = [[] for _ in self.groups]
-        for run, end in holds:
-            for t, pages in zip(tables, run.pages):
-                t += pages[:end]
-        return tables
 
     def _rollback_first(self, req: Request) -> None:
         self.index.release_runs(req.holds, self.tick)
@@ -481,43 +473,6 @@ class HybridCacheManager:
         if not q:
             return None
         return q.get(tenant if tenant is not None else "", q.get("*"))
-
-    def save_in_running_slot(self, request_id: str, boundary: int) -> int:
-        """Serve a save point without a copy: the state at ``boundary`` will be left in the
-        running slot at the end of this step.
-
-        Engines whose kernels write the step's final state in place (vLLM's Mamba layers)
-        save at a step end by relabelling: the running slot becomes the save point's slot
-        and the save point's fresh slot becomes the running one. Valid only when
-        ``boundary`` is the end of the step just allocated.
-
-        Returns:
-            The new running slot: the engine must copy the state into it before the next
-            step computes (vLLM's copy-on-extend does exactly that).
-        """
-        req = self._get(request_id)
-        if boundary != req.num_allocated:
-            raise InvalidRequestError(
-                f"request {request_id!r}: save at {boundary} is not the end of the step "
-                f"({req.num_allocated})"
-            )
-        if boundary == req.rolling_boundary and req.rolling_slot >= 0:
-            req.rolling_slot, req.slot = req.slot, req.rolling_slot
-        elif boundary in req.saves:
-            req.saves[boundary], req.slot = req.slot, req.saves[boundary]
-        else:
-            raise InvalidRequestError(f"request {request_id!r}: no save point at {boundary}")
-        return req.slot
-
-    def cancel_save(self, request_id: str, boundary: int) -> None:
-        """Drop a save point the engine cannot honour; no snapshot is registered for it."""
-        req = self._get(request_id)
-        if boundary == req.rolling_boundary:
-            req.rolling_boundary = -1
-        elif boundary in req.saves:
-            self.arena.free_slot(req.saves.pop(boundary))
-        else:
-            raise InvalidRequestError(f"request {request_id!r}: no save point at {boundary}")
 
     def accept(self, request_id: str, num_accepted: int) -> None:
         """Speculative decoding: keep the first ``num_accepted`` computed inputs of the step.

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING
 from hybridcache.policy import Clock
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from hybridcache.index import Node
 
 
@@ -125,6 +127,10 @@ class Run:
     def hit_count(self, pos: int) -> int:
         """Counted hits of the unit at ``pos``."""
         return sum(c for end, c in self.hits.items() if end > pos)
+
+
+#: A request's hold on a run: units ``[0, end)`` of ``run``.
+Hold = tuple[Run, int]
 
 
 def block_segments(pages: list[int], ppb: int) -> tuple[list[int], list[int]]:
@@ -364,3 +370,53 @@ class RunValueQueue:
 
     def __len__(self) -> int:
         return self._live
+
+
+def path_holds(nodes: Sequence[Node]) -> list[Hold]:
+    """The holds that pin ``nodes`` (a path in unit order): one per run, up to the deepest
+    of its nodes in the path."""
+    holds: list[Hold] = []
+    cur: Run | None = None
+    end = 0
+    for node in nodes:
+        run = node.run
+        if run is None:
+            raise AssertionError(f"hold of {node}, which has no KV")
+        if run is not cur:
+            if cur is not None:
+                holds.append((cur, end))
+            cur, end = run, 0
+        if node.pos >= end:
+            end = node.pos + 1
+    if cur is not None:
+        holds.append((cur, end))
+    return holds
+
+
+def hold_tables(held: Sequence[Node], holds: Sequence[Hold], groups: int) -> list[list[int]]:
+    """Block tables, per attention group, of ``held`` (a path's first units) covered by
+    ``holds``: slices of each run's page lists, not one look-up per unit."""
+    if sum(end for _, end in holds) != len(held):  # a hold not from a run's start
+        return [[n.pages[g] for n in held] for g in range(groups)]  # type: ignore[index]
+    tables: list[list[int]] = [[] for _ in range(groups)]
+    for run, end in holds:
+        for t, pages in zip(tables, run.pages):
+            t += pages[:end]
+    return tables
+
+
+def truncate_holds(path: Sequence[Node], holds: Sequence[Hold], units: int) -> list[Hold]:
+    """The holds of ``path`` (as :meth:`PrefixIndex.kv_path` returns them) cut to its first
+    ``units`` units."""
+    if units >= len(path):
+        return list(holds)
+    if units <= 0:
+        return []
+    last = path[units - 1]
+    out: list[Hold] = []
+    for run, end in holds:
+        if run is last.run:
+            out.append((run, last.pos + 1))
+            break
+        out.append((run, end))
+    return out

@@ -1,0 +1,214 @@
+"""Choosing victims and allocating under memory pressure, for :class:`~hybridcache.index.PrefixIndex`.
+
+Eviction frees entries until the arena can allocate what is asked. KV pages are evicted in
+whole units. A *state slot* needs an empty block, so while one is needed the KV victims are
+taken, in rank order, only from slabs that no running request pins (every page in them is
+evictable): evicting a page of a pinned slab would destroy a cached entry without bringing a
+free block closer. Victims are still single entries of the lowest rank, never whole slabs:
+slab mates can be the most valuable entries in the cache (measured: evicting the victim's
+whole slab cost up to half the hit rate at small budgets). Pinned-slab entries are set aside
+once per allocation (or per :meth:`EvictingAllocator.slot_batch`), not rescanned per victim;
+when the victim is a snapshot, the slot allocation takes its slot over.
+
+The mixin holds no state of its own: it works on the index's queues, arena and counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from hybridcache.policy import marconi_ranking
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.index import Node
+
+
+class SlotBatch:
+    """:meth:`EvictingAllocator.slot_batch` as a plain context object (no generator per use)."""
+
+    __slots__ = ("index", "depth")
+
+    def __init__(self, index: EvictingAllocator) -> None:
+        self.index = index
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        if not self.depth:
+            self.index._aside = []
+        self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.depth -= 1
+        if not self.depth:
+            index = self.index
+            aside, index._aside = index._aside, None
+            if aside:
+                index.kv_q.put_back(aside)
+
+
+class EvictingAllocator:
+    """Victim choice and allocation with eviction, mixed into the prefix index."""
+
+    # Provided by the index (see PrefixIndex.__init__).
+    arena: Any
+    eviction: str
+    kv_q: Any
+    snap_q: Any
+    marconi_alpha: float
+    marconi_window: int
+    _marconi_ranked: list
+    _evictable_pages: list[int]
+    _ppb: int
+    _aside: list | None
+    _batch: SlotBatch
+    evict_kv: Callable[[Node], None]
+    evict_snapshot: Callable[..., int]
+
+    def _marconi_next(self, pred: Callable[[Node], bool] | None) -> tuple[str, Node] | None:
+        """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
+        satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
+        for ``pred`` keep their place at the low end of the ranking."""
+        for attempt in range(2):
+            ranking, skipped, found = self._marconi_ranked, [], None
+            while ranking:
+                kind, node = ranking.pop()
+                q = self.kv_q if kind == "kv" else self.snap_q
+                if node not in q.eff:  # type: ignore[attr-defined]
+                    continue
+                if pred is not None and kind == "kv" and not pred(node):
+                    skipped.append((kind, node))
+                    continue
+                found = (kind, node)
+                break
+            ranking.extend(reversed(skipped))
+            if found is not None or attempt:
+                return found
+            ranked = marconi_ranking(
+                {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
+                self.marconi_alpha,
+                self.marconi_window,
+            )
+            self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
+        return None
+
+    def _choose(self, pred: Callable[[Node], bool] | None, aside: list) -> tuple[str, Node] | None:
+        """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
+        (see :meth:`EvictionQueue.first` for ``aside``)."""
+        if self.eviction == "marconi":
+            # Marconi ranks a bounded window of candidates: if none of its KV candidates
+            # is in an unpinned slab, take its best entry rather than stall.
+            got = self._marconi_next(pred)
+            return got if got is not None or pred is None else self._marconi_next(None)
+        b = self.snap_q.peek()
+        a = self.kv_q.peek()
+        if pred is not None and a is not None and (b is None or a[0] <= b[0]):
+            # Only a KV entry ranked at or below the best snapshot can win: scan for one
+            # in an unpinned slab (first() ranks at or above peek()).
+            a = self.kv_q.first(pred, aside)
+        if a is None and b is None:
+            return None
+        if b is None or (a is not None and a[0] <= b[0]):
+            return "kv", a[1]  # type: ignore[index,return-value]
+        return "state", b[1]  # type: ignore[return-value]
+
+    def _in_unpinned_slab(self, node: Node) -> bool:
+        """Evicting ``node`` brings a free block closer: one of its slabs holds only
+        evictable pages (no running request's page, cached or private)."""
+        ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
+        for p in node.pages:  # type: ignore[union-attr]
+            b = p // ppb
+            if ev[b] == used[b]:
+                return True
+        return False
+
+    def evict_one(self, for_slot: bool, aside: list | None = None) -> bool:
+        """Evict the lowest-ranked entry; returns False when nothing is evictable.
+
+        Args:
+            for_slot: the caller needs a state slot (an empty block when snapshots are
+                larger than pages): KV victims come only from slabs no request pins.
+            aside: KV entries of pinned slabs skipped so far in this allocation; the
+                caller puts them back in the queue (``kv_q.put_back``) when it is done.
+        """
+        return self._evict(for_slot, aside, keep_slot=False) is not None
+
+    def _evict(self, for_slot: bool, aside: list | None, keep_slot: bool) -> int | None:
+        """:meth:`evict_one`; returns ``None`` when nothing is evictable, else the victim's
+        slot when ``keep_slot`` and the victim is a snapshot (handed over, not freed),
+        else -1."""
+        pred = None
+        if for_slot and self.arena.layout.pages_per_block > 1:
+            pred = self._in_unpinned_slab
+        if aside is None:
+            own: list = []
+            choice = self._choose(pred, own)
+            if own:
+                self.kv_q.put_back(own)
+        else:
+            choice = self._choose(pred, aside)
+        if choice is None:
+            return None
+        kind, node = choice
+        if kind == "state":
+            self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
+            return self.evict_snapshot(node, keep_slot)
+        self.kv_q.evicted(node)
+        self.evict_kv(node)
+        return -1
+
+    def alloc_page(self) -> int | None:
+        """A page, evicting as needed; ``None`` when nothing more can be evicted."""
+        while True:
+            p = self.arena.alloc_page()
+            if p is not None:
+                return p
+            if not self.evict_one(for_slot=False):
+                return None
+
+    def alloc_pages(self, n: int) -> list[int]:
+        """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
+        out = self.arena.alloc_pages(n)
+        while len(out) < n:
+            if not self.evict_one(for_slot=False):
+                break
+            out += self.arena.alloc_pages(n - len(out))
+        return out
+
+    def alloc_slot(self) -> int | None:
+        """A state slot, evicting as needed; ``None`` when nothing more can be evicted
+        (or only KV in slabs that running requests pin, which would free no block)."""
+        s = self.arena.alloc_slot()
+        if s is not None:
+            return s
+        # Pinned-slab KV entries are set aside once for the whole loop (or the whole
+        # slot_batch), not rescanned for every victim.
+        batch = self._aside is not None
+        aside: list = self._aside if batch else []  # type: ignore[assignment]
+        try:
+            arena = self.arena
+            while s is None:
+                got = self._evict(True, aside, keep_slot=True)
+                if got is None:
+                    return None
+                if got >= 0:
+                    return got  # the evicted snapshot's slot, taken over
+                if arena.may_have_slot():
+                    s = arena.alloc_slot()
+            return s
+        finally:
+            if aside and not batch:
+                self.kv_q.put_back(aside)
+
+    def slot_batch(self) -> SlotBatch:
+        """Context: slot allocations inside share one set-aside list: nothing pins or
+        unpins a slab in between (no page is allocated or held), so a pinned entry stays
+        pinned. Re-entrant; the outermost exit puts the set-aside entries back."""
+        return self._batch
+
+    def clear(self) -> int:
+        """Evict every evictable entry; returns how many were evicted."""
+        n = 0
+        while self.evict_one(for_slot=False):
+            n += 1
+        return n
