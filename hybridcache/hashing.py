@@ -36,6 +36,9 @@ Digest = bytes
 
 HASH_ALGOS = ("xxh3_128", "sha256")
 _MAX_TOKEN = (1 << 32) - 1
+_MAX_TOKEN_U64 = np.uint64(_MAX_TOKEN)  # a numpy scalar: no conversion on every compare
+_EMPTY = np.zeros(0, dtype=np.uint32)
+_EMPTY.flags.writeable = False
 
 
 def _sha256(data: bytes) -> bytes:
@@ -104,8 +107,8 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
     if arr.dtype.itemsize <= 4 and arr.dtype.kind == "u":
         return arr.astype(np.uint32, copy=False)
     # One pass for the common case: negative ids wrap to huge unsigned values.
-    if arr.dtype.itemsize == 8 and not (arr.view(np.uint64) > _MAX_TOKEN).any():
-        return arr.astype(np.uint32)
+    if arr.dtype.itemsize == 8 and arr.view(np.uint64).max() <= _MAX_TOKEN_U64:
+        return arr.astype(np.uint32)  # negative ids wrapped past the maximum: none here
     if arr.dtype.kind == "i" and int(arr.min()) < 0:
         bad = int(np.argmax(arr < 0))
         raise InvalidRequestError(f"{what}: negative token id {int(arr[bad])} at index {bad}")
@@ -192,7 +195,7 @@ class TokenHasher:
         self.algo = algo
         self.root = root_digest(algo, seed, tenant, lora)
         self.digests: list[Digest] = []
-        self._tail = np.zeros(0, dtype=np.uint32)
+        self._tail = _EMPTY
         self._extras = _unit_extras(mm_items, unit, algo) if mm_items else None
         self.num_tokens = 0
 
@@ -210,6 +213,7 @@ class TokenHasher:
         parent = self.digests[-1] if self.digests else self.root
         new = hash_units(arr, self.unit, parent, self.algo, len(self.digests), self._extras)
         self.digests.extend(new)
-        self._tail = arr[len(new) * self.unit :].copy()
+        rest = len(arr) - len(new) * self.unit
+        self._tail = arr[-rest:].copy() if rest else _EMPTY
         self.num_tokens = len(self.digests) * self.unit + len(self._tail)
         return new
