@@ -23,7 +23,7 @@ Every error that bad input can cause is raised before any state changes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -40,10 +40,14 @@ from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
 
 
-@dataclass
 class _Undo:
-    pages: list[int] = field(default_factory=list)
-    slots: list[int] = field(default_factory=list)
+    """Pages and slots taken by a step so far: returned if the step fails."""
+
+    __slots__ = ("pages", "slots")
+
+    def __init__(self) -> None:
+        self.pages: list[int] = []
+        self.slots: list[int] = []
 
 
 class HybridCacheManager(SavePointControl):
