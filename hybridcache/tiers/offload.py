@@ -464,6 +464,30 @@ class OffloadCoordinator:
             return b
         return dev_hit
 
+    def _register_loaded(
+        self, req: Request, work: _Work, bare: set[int], dev_hit: int, final: int
+    ) -> list[int]:
+        """Register the loaded (or bare) units below ``final``, each consecutive stretch as
+        one run (held and walked as one); returns the units whose KV was loaded."""
+        index, digests, groups = self.manager.index, req.hasher.digests, len(self.manager.groups)
+        loaded: list[int] = []
+        i = dev_hit
+        while i < final:
+            if i not in work.pages and i not in bare:
+                i += 1
+                continue  # KV on the device (held)
+            j = i
+            while j < final and (j in work.pages or j in bare):
+                j += 1
+            pages = {u: work.pages.pop(u, None) or () for u in range(i, j)}
+            tables = [{u: p[g] for u, p in pages.items()} for g in range(groups)]
+            nodes = index.register_kv_run(digests, i, j, req.tenant, tables, self._unit_flops)
+            assert len(nodes) == j - i, "loaded a unit that has KV on the device"
+            work.held.extend(nodes)  # registered with one reference: released below
+            loaded += [u for u, p in pages.items() if p]
+            i = j
+        return loaded
+
     def _register(
         self,
         req: Request,
@@ -479,16 +503,7 @@ class OffloadCoordinator:
         index, digests, unit = m.index, req.hasher.digests, m.unit
         m.tick += 1
         tick = m.tick
-        bare = set(probe.bare)
-        loaded: list[int] = []
-        for i in range(dev_hit, final):
-            pages = work.pages.pop(i, None)
-            if pages is None and i not in bare:
-                continue  # KV on the device (held)
-            node = index.register_kv(digests[i], i, req.tenant, pages or (), self._unit_flops)
-            work.held.append(node)  # registered with one reference: released below
-            if pages:
-                loaded.append(i)
+        loaded = self._register_loaded(req, work, set(probe.bare), dev_hit, final)
         nbytes = len(loaded) * self.io.kv_bytes
         snapshot = None
         if work.snap_loaded:

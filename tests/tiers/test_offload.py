@@ -83,6 +83,9 @@ def test_prefetch_restores_exactly_the_evicted_bytes():
             assert torch.equal(st.page_bytes_view(node.pages[g])[:n], before[i][g][:n])
     node = m.index.nodes[d[9]]
     assert torch.equal(st.slot_bytes_view(node.snap)[: snap_span(m)], snap_before)
+    # The ten loaded units are one run: held and walked as one stretch, not unit by unit.
+    path, holds = m.index.kv_path(d, 10)
+    assert len(path) == 10 and len(holds) == 1
     # Loaded entries are ordinary cached entries: the request runs from the hit.
     a = m.allocate("b", 6)
     assert a.start == 40 and a.state_copies.src == (node.snap,)
