@@ -132,14 +132,8 @@ class PrefixIndex(EvictingAllocator):
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
-        # The run queue ranks runs (one entry per tail); the others rank every unit.
-        self._runq: RunValueQueue | None = self.kv_q if isinstance(self.kv_q, RunValueQueue) else None  # type: ignore[assignment]
 
     # ------------------------------------------------------------------ holding
-    def hold_kv(self, node: Node) -> Hold:
-        """A request now uses ``node``'s pages: they cannot be evicted."""
-        return self.hold_path([node])[0]
-
     def hold_path(self, nodes: Sequence[Node]) -> list[Hold]:
         """Hold every node of a matched path (units from the first, in order; gaps allowed
         where a unit has no KV): their pages cannot be evicted. Returns the holds, which
@@ -150,7 +144,7 @@ class PrefixIndex(EvictingAllocator):
 
     def hold_runs(self, holds: Sequence[Hold]) -> None:
         """Take the holds ``(run, end)``: units ``[0, end)`` of each run are pinned."""
-        ev, kv_hold = self._evictable_pages, None if self._runq is not None else self.kv_q.hold
+        ev, q = self._evictable_pages, self.kv_q
         for run, end in holds:
             h = run.holds
             h[end] = h.get(end, 0) + 1
@@ -158,9 +152,7 @@ class PrefixIndex(EvictingAllocator):
             if end > old:
                 run.held = end
                 shift_blocks(ev, run, old, end, -1)
-                if kv_hold is not None:
-                    for node in run.nodes[old:end]:
-                        kv_hold(node)
+                q.hold_range(run, old, end)
 
     def release_path(self, nodes: Sequence[Node], tick: int) -> None:
         """Release what :meth:`hold_path` (or registration) took for ``nodes``."""
@@ -169,7 +161,7 @@ class PrefixIndex(EvictingAllocator):
     def release_runs(self, holds: Sequence[Hold], tick: int) -> None:
         """Release holds; units no longer held become evictable. Deepest first: under LRU
         the tail of a prefix goes before its head."""
-        ev, runq = self._evictable_pages, self._runq
+        ev, q = self._evictable_pages, self.kv_q
         for run, end in reversed(holds):
             h = run.holds
             c = h.get(end, 0) - 1
@@ -179,8 +171,7 @@ class PrefixIndex(EvictingAllocator):
                 h[end] = c
             else:
                 del h[end]
-            if runq is not None:
-                runq.on_release(run, end)
+            q.on_release(run, end)
             if c or end != run.held:
                 continue
             new = max(h) if h else 0
@@ -188,13 +179,7 @@ class PrefixIndex(EvictingAllocator):
                 continue
             run.held = new
             shift_blocks(ev, run, new, end, 1)
-            if runq is not None:
-                runq.touch(run)
-            else:
-                flops = run.flops
-                self.kv_q.add_many(
-                    [(n, flops, 0) for n in reversed(run.nodes[new:end])], tick, self.node_kv_bytes
-                )
+            q.release_range(run, new, end, tick, self.node_kv_bytes)
 
     def count_hits(self, holds: Sequence[Hold]) -> None:
         """A request's hit on these holds was served: every unit in them gains a hit."""
@@ -215,15 +200,6 @@ class PrefixIndex(EvictingAllocator):
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
     # ------------------------------------------------------------------ registering
-    def register_kv(
-        self, digest: Digest, depth: int, tenant: str | None, pages: tuple[int, ...], flops: float
-    ) -> Node:
-        """Make ``pages`` the cached KV of unit ``digest``; the caller holds one reference
-        (released with :meth:`release_path`)."""
-        run = self.register_kv_run({depth: digest}, depth, depth + 1, tenant, [{depth: p} for p in pages], flops)
-        assert run, "register_kv on a node that has KV"
-        return run[0]
-
     def register_kv_run(
         self,
         digests: Sequence[Digest] | Mapping[int, Digest],
@@ -234,8 +210,9 @@ class PrefixIndex(EvictingAllocator):
         flops: float,
         after: Hold | None = None,
     ) -> list[Node]:
-        """:meth:`register_kv` for units ``first, first+1, ...`` before ``end``, stopping at
-        the first unit that already has KV (a duplicate, which the caller handles).
+        """Make the request's pages the cached KV of units ``first, first+1, ...`` before
+        ``end``, stopping at the first unit that already has KV (a duplicate, which the
+        caller handles).
 
         Args:
             digests: the request's unit digests (indexed by unit; a mapping will do).
@@ -371,10 +348,9 @@ class PrefixIndex(EvictingAllocator):
             tail = None
         else:
             tail = split(run, node.pos, self._ppb)
-        if self._runq is not None:
-            self._runq.touch(run)
-            if tail is not None:
-                self._runq.touch(tail)
+        self.kv_q.run_changed(run)
+        if tail is not None:
+            self.kv_q.run_changed(tail)
         if node.snap < 0:
             del self.nodes[node.digest]
 
@@ -413,11 +389,6 @@ class PrefixIndex(EvictingAllocator):
         self.tenant_bytes[node.tenant] -= nbytes
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
-
-    def kv_run(self, digests: list[Digest], max_units: int) -> list[Node]:
-        """Nodes of the longest run of units, from the first, that have KV (at most
-        ``max_units``): the pages a request can reuse, in unit order."""
-        return self.kv_path(digests, max_units)[0]
 
     def kv_path(self, digests: list[Digest], max_units: int) -> tuple[list[Node], list[Hold]]:
         """:meth:`kv_run` and the holds that cover it, one per run it crosses.
@@ -461,8 +432,8 @@ class PrefixIndex(EvictingAllocator):
             at ``max_units``), the end of the deepest of them that has a snapshot, and that
             node (``None`` if there is none).
         """
-        run = self.kv_run(digests, max_units)
-        return (len(run), *deepest_snapshot(run))
+        path = self.kv_path(digests, max_units)[0]
+        return (len(path), *deepest_snapshot(path))
 
 
 def deepest_snapshot(run: list[Node]) -> tuple[int, Node | None]:

@@ -35,6 +35,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import islice
+from typing import Any
 
 from hybridcache.errors import UnknownNameError
 
@@ -90,16 +91,33 @@ class EvictionQueue:
     :meth:`discard` when it is held again or dropped, :meth:`peek` (or :meth:`first`) to
     choose a victim and :meth:`evicted` once it is gone. ``priority`` values of the two
     kinds are comparable: lower goes first.
+
+    KV units are held and released per run (:mod:`hybridcache.runs`): the index reports
+    ranges of a run through :meth:`hold_range`, :meth:`release_range`, :meth:`on_release` and
+    :meth:`run_changed`, which a per-unit queue turns into calls per unit and a per-run
+    queue (:class:`~hybridcache.runs.RunValueQueue`) handles as a whole.
     """
 
     def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
         raise NotImplementedError
 
-    def add_many(self, entries: list[tuple[object, float, int]], tick: int, nbytes: int) -> None:
-        """:meth:`add` of ``(item, flops, hits)`` entries that became evictable together
-        (the units of a released prefix, deepest first)."""
-        for item, flops, hits in entries:
-            self.add(item, tick, flops, nbytes, hits)
+    def hold_range(self, run: Any, lo: int, hi: int) -> None:
+        """Units ``[lo, hi)`` of ``run`` became held."""
+        for node in run.nodes[lo:hi]:
+            self.hold(node)
+
+    def release_range(self, run: Any, lo: int, hi: int, tick: int, nbytes: int) -> None:
+        """Units ``[lo, hi)`` of ``run`` became evictable; deepest first, so that under LRU
+        the tail of a prefix goes before its head."""
+        flops = run.flops
+        for node in reversed(run.nodes[lo:hi]):
+            self.add(node, tick, flops, nbytes, 0)
+
+    def on_release(self, run: Any, end: int) -> None:
+        """A hold of units ``[0, end)`` of ``run`` was released (some may stay held)."""
+
+    def run_changed(self, run: Any) -> None:
+        """``run`` lost units to eviction (its tail moved, or it was split off)."""
 
     def discard(self, item: object) -> None:
         raise NotImplementedError
@@ -204,13 +222,14 @@ class Clock:
 
 
 class ValueQueue(EvictionQueue):
-    """GreedyDual-Size-Frequency priority heap with lazy updates (O(log n) amortised).
+    """GreedyDual-Size-Frequency priority heap with lazy updates (O(log n) amortised); it
+    ranks snapshots (KV units are ranked per run by :class:`~hybridcache.runs.RunValueQueue`,
+    on the same :class:`Clock`).
 
-    Hits are the hot path (every unit of a matched prefix is held, then released with a
-    higher priority), so neither touches the heap: ``hold`` is a no-op and ``add`` of a live
-    entry only records its new priority. The heap is corrected when an entry reaches the
-    top: an entry that is held (``evictable`` is false) leaves the queue until it is added
-    again, and one whose recorded priority grew is pushed back with it.
+    Neither a pin nor a hit touches the heap: ``hold`` is a no-op and ``add`` of a live entry
+    only records its new priority. The heap is corrected when an entry reaches the top: an
+    entry that is held (``evictable`` is false) leaves the queue until it is added again, and
+    one whose recorded priority grew is pushed back with it.
     """
 
     def __init__(self, clock: Clock, scale: float, evictable: Callable[[object], bool]) -> None:
@@ -223,22 +242,16 @@ class ValueQueue(EvictionQueue):
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
-        self.add_many(((item, flops, hits),), tick, nbytes)
-
-    def add_many(self, entries, tick, nbytes):
-        # One loop for a whole released prefix: hundreds of units, most of them live already.
-        base, per = self._clock.value, 1.0 / (nbytes or 1) / self._scale
-        get, live, heap = self._live.get, self._live, self._heap
-        for item, flops, hits in entries:
-            prio = base + (hits if hits > 1 else 1) * flops * per
-            cur = get(item)
-            if cur is not None:
-                if prio > cur[0]:
-                    cur[0] = prio
-                continue
-            self._seq += 1
-            live[item] = [prio, self._seq]
-            heapq.heappush(heap, (prio, self._seq, item))
+        prio = self._clock.value + (hits if hits > 1 else 1) * flops * (1.0 / (nbytes or 1) / self._scale)
+        live, heap = self._live, self._heap
+        cur = live.get(item)
+        if cur is not None:
+            if prio > cur[0]:
+                cur[0] = prio
+            return
+        self._seq += 1
+        live[item] = [prio, self._seq]
+        heapq.heappush(heap, (prio, self._seq, item))
         if len(heap) > 4 * len(live) + 4096:  # too many stale entries: rebuild
             self._heap = [(p, q, it) for it, (p, q) in live.items()]
             heapq.heapify(self._heap)
@@ -273,19 +286,6 @@ class ValueQueue(EvictionQueue):
         prio, _, item = self._heap[0]
         return prio, item
 
-    def first(self, pred, aside):
-        # Live entries popped into ``aside`` keep their sequence numbers: pushed back
-        # later they are exactly as valid as before (or found stale by _clean).
-        heap = self._heap
-        while True:
-            self._clean()
-            if not heap:
-                return None
-            top = heap[0]
-            if pred(top[2]):
-                return top[0], top[2]
-            aside.append(heapq.heappop(heap))
-
     def floor(self):
         return self._clock.value if self._live else None
 
@@ -297,11 +297,6 @@ class ValueQueue(EvictionQueue):
             self._seq += 1
             cur[0], cur[1] = min(self._clock.value, floor), self._seq
             heapq.heappush(self._heap, (cur[0], self._seq, item))
-
-    def put_back(self, aside):
-        for entry in aside:
-            heapq.heappush(self._heap, entry)
-        aside.clear()
 
     def evicted(self, item) -> None:
         """``item`` was chosen as a victim (maybe not the top one): drop it and age the

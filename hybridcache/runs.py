@@ -235,19 +235,44 @@ class RunValueQueue:
         self._rescan: list[Run] = []  # runs that lost an offered unit: offer the next one
         self._live = 0  # runs with a current entry (qseq != 0)
 
+    # ----------------------------------------------------- run events (EvictionQueue API)
     def on_release(self, run: Run, end: int) -> None:
         """A hold ending at ``end`` was released: units below it were used until now."""
         self._order += 1
         run.rel[end] = (self._clock.value, self._order)
+
+    def hold_range(self, run: Run, lo: int, hi: int) -> None:
+        """Pinned tails are dropped lazily at the top."""
+
+    def release_range(self, run: Run, lo: int, hi: int, tick: int, nbytes: int) -> None:
+        self.touch(run)
+
+    def run_changed(self, run: Run) -> None:
+        self.touch(run)
+
+    # ----------------------------------------------------------------- ranking
+    def _base(self, run: Run, pos: int) -> tuple[float, int]:
+        """``(priority base, release number)`` of the unit at ``pos``: its last release."""
+        if pos == len(run.nodes) - 1:  # the tail: ends never pass the run's length
+            return run.rel.get(pos + 1, (self._clock.value, 0))
+        return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
+
+    def _value(self, base: float, hits: int, flops: float) -> float:
+        return base + (hits if hits > 1 else 1) * flops * self._per
+
+    def priority(self, node: Node) -> float:
+        """Current priority of any KV unit (the queue itself only ranks tails)."""
+        run = node.run
+        assert run is not None, "priority of a node without KV"
+        return self._value(self._base(run, node.pos)[0], run.hit_count(node.pos), run.flops)
 
     def touch(self, run: Run) -> None:
         """(Re)queue the run's tail at its current priority if it is evictable."""
         n = len(run.nodes)
         if not n or run.held >= n:
             return
-        base, order = run.rel.get(n, (self._clock.value, 0))  # ends never pass the length
-        hits = run.hits.get(n, 0)
-        prio = base + (hits if hits > 1 else 1) * run.flops * self._per
+        base, order = self._base(run, n - 1)
+        prio = self._value(base, run.hits.get(n, 0), run.flops)  # the tail's hits end at n
         if run.qseq:
             if prio == run.qprio:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would
@@ -258,14 +283,6 @@ class RunValueQueue:
         heapq.heappush(self._heap, (prio, order, self._seq, run))
         if len(self._heap) > 4 * self._live + 4096:
             self._rebuild()
-
-    def priority(self, node: Node) -> float:
-        """Current priority of any KV unit (the queue itself only ranks tails)."""
-        run = node.run
-        assert run is not None, "priority of a node without KV"
-        base = max((v for end, v in run.rel.items() if end > node.pos), default=(self._clock.value, 0))[0]
-        hits = run.hit_count(node.pos)
-        return base + (hits if hits > 1 else 1) * run.flops * self._per
 
     def _rebuild(self) -> None:
         """Drop stale entries (every queued run has exactly one live entry)."""
@@ -325,8 +342,7 @@ class RunValueQueue:
         nodes = run.nodes
         for pos in range(start, run.held - 1, -1):
             if pred(nodes[pos]):
-                order = max((v for end, v in run.rel.items() if end > pos), default=(0.0, 0))[1]
-                cand = (self.priority(nodes[pos]), order, run.qseq, pos, nodes[pos])
+                cand = (self.priority(nodes[pos]), self._base(run, pos)[1], run.qseq, pos, nodes[pos])
                 heapq.heappush(self._cands, cand)
                 return
 
@@ -363,10 +379,7 @@ class RunValueQueue:
             self._live -= 1
 
     def discard(self, node: Node) -> None:
-        """No per-unit entry to drop: the index re-touches the run after evicting."""
-
-    def hold(self, node: Node) -> None:
-        """Pinned tails are dropped lazily at the top."""
+        """No per-unit entry to drop: the index reports the run as changed after evicting."""
 
     def __len__(self) -> int:
         return self._live
