@@ -47,7 +47,7 @@ class Node:
 
     __slots__ = (
         "digest", "depth", "tenant", "pages", "snap", "snap_ref", "snap_hits", "snap_flops",
-        "kv_flops", "run", "pos", "__weakref__",
+        "run", "pos", "__weakref__",
     )
 
     def __init__(
@@ -56,7 +56,6 @@ class Node:
         depth: int,
         tenant: str | None,
         pages: tuple[int, ...] | None = None,
-        kv_flops: float = 0.0,
         run: Run | None = None,
         pos: int = 0,
     ) -> None:
@@ -68,7 +67,6 @@ class Node:
         self.snap_ref = 0
         self.snap_hits = 0
         self.snap_flops = 0.0
-        self.kv_flops = kv_flops
         self.run = run  # the run holding this unit's KV (None: no KV)
         self.pos = pos  # position in ``run``
 
@@ -76,6 +74,11 @@ class Node:
     def kv_ref(self) -> int:
         """Running requests whose block tables use this unit's pages."""
         return self.run.ref(self.pos) if self.run is not None else 0
+
+    @property
+    def kv_flops(self) -> float:
+        """Prefill FLOPs this unit's KV saves (its run's value per unit)."""
+        return self.run.flops if self.run is not None else 0.0
 
     @property
     def kv_hits(self) -> int:
@@ -242,13 +245,13 @@ class PrefixIndex(EvictingAllocator):
             ds = digests[first:end]
             at = len(run.nodes)
             out = [
-                Node(d, i, tenant, (p,), flops, run, k)
+                Node(d, i, tenant, (p,), run, k)
                 for d, i, p, k in zip(ds, range(first, end), one[first:end], range(at, at + len(ds)))
             ]
             nodes.update(zip(ds, out))
             placed = True
         else:
-            out, placed = self._claim_units(digests, first, end, tenant, tables, flops), False
+            out, placed = self._claim_units(digests, first, end, tenant, tables), False
             ds = [n.digest for n in out]
         if not out:
             return out
@@ -279,7 +282,6 @@ class PrefixIndex(EvictingAllocator):
         end: int,
         tenant: str | None,
         tables: Sequence[Sequence[int] | Mapping[int, int]],
-        flops: float,
     ) -> list[Node]:
         """Nodes for units ``first..`` until one already has KV: new ones, or snapshot-only
         ones that get their KV back (the general path of :meth:`register_kv_run`)."""
@@ -290,11 +292,11 @@ class PrefixIndex(EvictingAllocator):
             node = nodes.get(d)
             pages = (one[i],) if one is not None else tuple(t[i] for t in tables)  # type: ignore[index]
             if node is None:
-                node = nodes[d] = Node(d, i, tenant, pages, flops)
+                node = nodes[d] = Node(d, i, tenant, pages)
             elif node.pages is not None:
                 break
             else:
-                node.pages, node.kv_flops = pages, flops
+                node.pages = pages  # a snapshot-only node gets its KV back
             out.append(node)
         return out
 
