@@ -197,11 +197,11 @@ class Arena:
     # ------------------------------------------------------------------ allocation
     def alloc_page(self) -> int | None:
         """A free KV page id, or ``None`` when no page and no free block is left."""
-        e = self._alloc(KV, self.layout.pages_per_block)
-        if e is not None:
-            self.pages_in_use += 1
-            self._live[KV][e] = 1
-        return e
+        got = self._take(KV, self.layout.pages_per_block, 1)
+        if not got:
+            return None
+        self.pages_in_use += 1
+        return got[0]
 
     def alloc_pages(self, n: int) -> list[int]:
         """Up to ``n`` free KV page ids (fewer when the arena runs out), in the order that
@@ -210,18 +210,42 @@ class Arena:
         A prefill step allocates tens of pages at once: taking them a slab at a time is
         one list slice per slab instead of one call per page.
         """
+        out = self._take(KV, self.layout.pages_per_block, n)
+        self.pages_in_use += len(out)
+        return out
+
+    def alloc_slot(self) -> int | None:
+        """A free state slot id, or ``None`` when no slot and no free block is left."""
+        got = self._take(STATE, self.layout.slots_per_block, 1)
+        if not got:
+            return None
+        self.slots_in_use += 1
+        return got[0]
+
+    def free_page(self, page: int) -> None:
+        """Return ``page``; its slab becomes a free block once it is empty."""
+        self._free(KV, page, self.layout.pages_per_block)
+        self.pages_in_use -= 1
+
+    def free_slot(self, slot: int) -> None:
+        """Return ``slot``; its block becomes free once it is empty."""
+        self._free(STATE, slot, self.layout.slots_per_block)
+        self.slots_in_use -= 1
+
+    def _take(self, kind: int, per_block: int, n: int) -> list[int]:
+        """Up to ``n`` free entries of ``kind``, marked live: from the most recently opened
+        block of that kind first, then from fresh blocks (lowest entry first)."""
         out: list[int] = []
-        per_block = self.layout.pages_per_block
         if per_block == 0 or n <= 0:
             return out
-        live, used, kinds, entry_free = self._live[KV], self.used_per_block, self._kind, self._entry_free
-        open_blocks = self._open[KV]
+        live, used, kinds, entry_free = self._live[kind], self.used_per_block, self._kind, self._entry_free
+        open_blocks = self._open[kind]
         while len(out) < n:
             want = n - len(out)
             if open_blocks:
                 b = open_blocks[-1]
                 free = entry_free[b]
-                if kinds[b] != KV or not free:
+                if kinds[b] != kind or not free:
                     open_blocks.pop()  # stale entry (block was released)
                     self._is_open[b] = False
                     continue
@@ -233,7 +257,7 @@ class Arena:
                     self._is_open[b] = False
             elif self._free_blocks:
                 b = self._free_blocks.pop()
-                kinds[b] = KV
+                kinds[b] = kind
                 base = b * per_block
                 k = min(want, per_block)
                 take = list(range(base, base + k))
@@ -247,54 +271,7 @@ class Arena:
             for e in take:
                 live[e] = 1
             out.extend(take)
-        self.pages_in_use += len(out)
         return out
-
-    def alloc_slot(self) -> int | None:
-        """A free state slot id, or ``None`` when no slot and no free block is left."""
-        e = self._alloc(STATE, self.layout.slots_per_block)
-        if e is not None:
-            self.slots_in_use += 1
-            self._live[STATE][e] = 1
-        return e
-
-    def free_page(self, page: int) -> None:
-        """Return ``page``; its slab becomes a free block once it is empty."""
-        self._free(KV, page, self.layout.pages_per_block)
-        self.pages_in_use -= 1
-
-    def free_slot(self, slot: int) -> None:
-        """Return ``slot``; its block becomes free once it is empty."""
-        self._free(STATE, slot, self.layout.slots_per_block)
-        self.slots_in_use -= 1
-
-    def _alloc(self, kind: int, per_block: int) -> int | None:
-        if per_block == 0:
-            return None
-        open_blocks = self._open[kind]
-        while open_blocks:
-            b = open_blocks[-1]
-            free = self._entry_free[b]
-            if self._kind[b] == kind and free:
-                e = free.pop()
-                self.used_per_block[b] += 1
-                if not free:
-                    open_blocks.pop()
-                    self._is_open[b] = False
-                return e
-            open_blocks.pop()  # stale entry (block was released)
-            self._is_open[b] = False
-        if not self._free_blocks:
-            return None
-        b = self._free_blocks.pop()
-        self._kind[b] = kind
-        base = b * per_block
-        self._entry_free[b] = list(range(base + per_block - 1, base, -1))
-        self.used_per_block[b] = 1
-        if per_block > 1:
-            open_blocks.append(b)
-            self._is_open[b] = True
-        return base
 
     def _free(self, kind: int, entry: int, per_block: int) -> None:
         b = entry // per_block
