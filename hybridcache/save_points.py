@@ -7,6 +7,7 @@ adapter does (see ``docs/vllm.md``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from hybridcache.errors import InvalidRequestError
@@ -18,10 +19,9 @@ if TYPE_CHECKING:  # pragma: no cover
 class SavePointControl:
     """Relabel or drop a request's save points (mixed into the manager)."""
 
+    # Provided by the manager.
     arena: Any
-
-    def _get(self, request_id: str) -> Request:  # provided by the manager
-        raise NotImplementedError
+    _get: Callable[[str], Request]
 
     def save_in_running_slot(self, request_id: str, boundary: int) -> int:
         """Serve a save point without a copy: the state at ``boundary`` will be left in the
