@@ -122,34 +122,18 @@ class EvictingAllocator:
                 return True
         return False
 
-    def evict_one(self, for_slot: bool, aside: list | None = None) -> bool:
-        """Evict the lowest-ranked entry; returns False when nothing is evictable.
-
-        Args:
-            for_slot: the caller needs a state slot (an empty block when snapshots are
-                larger than pages): KV victims come only from slabs no request pins.
-            aside: KV entries of pinned slabs skipped so far in this allocation; the
-                caller puts them back in the queue (``kv_q.put_back``) when it is done.
-        """
-        return self._evict(for_slot, aside, keep_slot=False) is not None
-
-    def _evict(self, for_slot: bool, aside: list | None, keep_slot: bool) -> int | None:
-        """:meth:`evict_one`; returns ``None`` when nothing is evictable, else the victim's
-        slot when ``keep_slot`` and the victim is a snapshot (handed over, not freed),
-        else -1."""
-        pred = None
-        if for_slot and self.arena.layout.pages_per_block > 1:
-            pred = self._in_unpinned_slab
-        if aside is None:
-            own: list = []
-            choice = self._choose(pred, own)
-            if own:
-                self.kv_q.put_back(own)
-        else:
-            choice = self._choose(pred, aside)
+    def evict_one(self) -> bool:
+        """Evict the lowest-ranked entry of either kind (what freeing a page needs); returns
+        False when nothing is evictable."""
+        choice = self._choose(None, [])  # no predicate: nothing is set aside
         if choice is None:
-            return None
-        kind, node = choice
+            return False
+        self._drop(*choice, keep_slot=False)
+        return True
+
+    def _drop(self, kind: str, node: Node, keep_slot: bool) -> int:
+        """Evict a chosen victim; returns its slot when ``keep_slot`` and it is a snapshot
+        (handed over to the caller, not freed), else -1."""
         if kind == "state":
             self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
             return self.evict_snapshot(node, keep_slot)
@@ -159,38 +143,39 @@ class EvictingAllocator:
 
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
-        while True:
-            p = self.arena.alloc_page()
-            if p is not None:
-                return p
-            if not self.evict_one(for_slot=False):
-                return None
+        got = self.alloc_pages(1)
+        return got[0] if got else None
 
     def alloc_pages(self, n: int) -> list[int]:
         """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
         out = self.arena.alloc_pages(n)
         while len(out) < n:
-            if not self.evict_one(for_slot=False):
+            if not self.evict_one():
                 break
             out += self.arena.alloc_pages(n - len(out))
         return out
 
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted
-        (or only KV in slabs that running requests pin, which would free no block)."""
+        (or only KV in slabs that running requests pin, which would free no block).
+
+        A slot needs an empty block: when snapshots are larger than pages, KV victims come
+        only from slabs that no request pins. Pinned-slab KV entries are set aside once for
+        the whole loop (or the whole slot_batch), not rescanned for every victim.
+        """
         s = self.arena.alloc_slot()
         if s is not None:
             return s
-        # Pinned-slab KV entries are set aside once for the whole loop (or the whole
-        # slot_batch), not rescanned for every victim.
+        pred = self._in_unpinned_slab if self.arena.layout.pages_per_block > 1 else None
         batch = self._aside is not None
         aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:
             arena = self.arena
             while s is None:
-                got = self._evict(True, aside, keep_slot=True)
-                if got is None:
+                choice = self._choose(pred, aside)
+                if choice is None:
                     return None
+                got = self._drop(*choice, keep_slot=True)
                 if got >= 0:
                     return got  # the evicted snapshot's slot, taken over
                 if arena.may_have_slot():
@@ -209,6 +194,6 @@ class EvictingAllocator:
     def clear(self) -> int:
         """Evict every evictable entry; returns how many were evicted."""
         n = 0
-        while self.evict_one(for_slot=False):
+        while self.evict_one():
             n += 1
         return n

@@ -329,7 +329,7 @@ def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
     # ...but it is the first entry to go, before even old's KV and snapshot
     node = m.index.nodes[m.requests["b"].hasher.digests[20 // U - 1]]
     m.free("b", finished=False)
-    assert m.index.evict_one(for_slot=False)
+    assert m.index.evict_one()
     assert m.index.evictions == {"kv": 0, "state": 1} and node.snap < 0
 
 
