@@ -17,7 +17,8 @@ and loads them back into other blocks, like a request restored in a new engine):
 * ``RedisTier``: save, then ``flush()`` (background writer), and load (two round trips,
   checksums) against a redis-server this script starts (persistence off).
 
-Run: ``python benchmarks/bench_connector.py [--blocks 8] [--reps 7] [--scale 1]``.
+Run: ``python -m benchmarks.bench_connector [--blocks 8] [--reps 7] [--scale 1]`` (from the
+repository root: it imports ``benchmarks.bench_tiers``).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=1)
     ap.add_argument("--block-tokens", type=int, default=256)
     a = ap.parse_args()
-    io, _ = make_cache(2 * a.scale, 2 * a.scale, a.block_tokens, 2 * a.blocks + 2)
-    kv_bytes = 2 * a.scale * 2 * a.block_tokens * 128 * 2
-    st_bytes = 2 * a.scale * 67840
+    io, caches = make_cache(2 * a.scale, 2 * a.scale, a.block_tokens, 2 * a.blocks + 2)
+    kv_bytes = sum(t[0].nbytes for name, t in caches.items() if name.startswith("attn."))
+    st_bytes = sum(t[0].nbytes for name, t in caches.items() if name.startswith("gdn."))
     print(f"block: {kv_bytes / 2**10:.0f} KiB KV + {st_bytes / 2**10:.0f} KiB state "
           f"({2 * a.scale} attention + {2 * a.scale} GDN layers); {a.blocks} blocks per rep")
     workdir = tempfile.mkdtemp(prefix="bench-connector-")

@@ -49,9 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     trace = read_trace(args.trace)
     t_read = time.perf_counter() - t0
     t0 = time.perf_counter()
-    digests = BlockDigests(trace)
-    for i in range(len(trace.requests)):
-        digests.get(i)
+    digests = None  # token traces hash their tokens: no block digests
+    if trace.block_tokens:
+        digests = BlockDigests(trace)
+        for i in range(len(trace.requests)):
+            digests.get(i)
     t_dig = time.perf_counter() - t0
     n = len(trace.requests)
     print(f"{args.trace}: {n} requests; read {t_read:.2f} s, block digests {t_dig:.2f} s "

@@ -167,7 +167,7 @@ class Replay:
         config: CacheConfig,
         digests: BlockDigests | None = None,
     ) -> None:
-        self.trace, self.spec, self.capacity, self.config = trace, spec, capacity_bytes, config
+        self.trace, self.capacity = trace, capacity_bytes
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
         self.tally = Tally(spec)
         self.digests: BlockDigests | None = None
@@ -210,8 +210,7 @@ class Replay:
 
     def result(self, policy: str) -> RunResult:
         """The outcome of the requests served so far."""
-        m = self.mgr.sync_metrics()
-        res = self.tally.result(policy, self.capacity, m.snapshots_saved, m.evictions_kv + m.evictions_state)
+        res = self.tally.result(policy, self.capacity, self.mgr.metrics.snapshots_saved, self.evictions)
         res.wall_s = self.wall_s
         return res
 

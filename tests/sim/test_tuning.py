@@ -67,6 +67,7 @@ def test_no_eviction_in_the_window_skips_the_other_candidates(kimi):
     t = mixed()
     alpha, best, extra = tune_marconi(t, build_policy("marconi", kimi, 16), BIG, None)
     assert (alpha, extra, best.evictions) == (MARCONI_ALPHAS[0], 0.0, 0)
+    assert best.next == tune_window(len(t.requests), None)  # the whole window, one candidate
 
 
 def test_tune_window_follows_the_fill():
