@@ -97,28 +97,8 @@ class Run:
         self.nodes += nodes
         self.digests += digests
         for pl, new, (starts, blocks) in zip(self.pages, pages, self.segs):
-            base = len(pl)
+            add_segments(starts, blocks, new, len(pl), ppb)
             pl += new
-            n = len(new)
-            if not n:
-                continue
-            p0 = new[0]
-            if new[-1] - p0 == n - 1 and new == list(range(p0, p0 + n)):
-                # Consecutive pages (bulk allocation): a new segment at each block start.
-                first = (-p0) % ppb or ppb
-                cut = [0, *range(first, n, ppb)]
-                if blocks and blocks[-1] == p0 // ppb:
-                    cut = cut[1:]  # continues the last segment's block
-                starts += [base + k for k in cut]
-                blocks += [(p0 + k) // ppb for k in cut]
-                continue
-            last = blocks[-1] if blocks else -1
-            for i, p in enumerate(new, base):
-                b = p // ppb
-                if b != last:
-                    starts.append(i)
-                    blocks.append(b)
-                    last = b
 
     def ref(self, pos: int) -> int:
         """Holds covering the unit at ``pos`` (its reference count)."""
@@ -137,14 +117,32 @@ def block_segments(pages: list[int], ppb: int) -> tuple[list[int], list[int]]:
     """``(starts, blocks)``: maximal stretches of positions whose pages share a block."""
     starts: list[int] = []
     blocks: list[int] = []
-    last = -1
-    for i, p in enumerate(pages):
+    add_segments(starts, blocks, pages, 0, ppb)
+    return starts, blocks
+
+
+def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int, ppb: int) -> None:
+    """Extend the segments ``(starts, blocks)`` with pages ``new`` at positions ``base...``."""
+    n = len(new)
+    if not n:
+        return
+    p0 = new[0]
+    if new[-1] - p0 == n - 1 and new == list(range(p0, p0 + n)):
+        # Consecutive pages (bulk allocation): a new segment at each block start.
+        first = (-p0) % ppb or ppb
+        cut = [0, *range(first, n, ppb)]
+        if blocks and blocks[-1] == p0 // ppb:
+            cut = cut[1:]  # continues the last segment's block
+        starts += [base + k for k in cut]
+        blocks += [(p0 + k) // ppb for k in cut]
+        return
+    last = blocks[-1] if blocks else -1
+    for i, p in enumerate(new, base):
         b = p // ppb
         if b != last:
             starts.append(i)
             blocks.append(b)
             last = b
-    return starts, blocks
 
 
 def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> None:
