@@ -202,7 +202,9 @@ class HybridCacheConnector(KVConnectorBase_V1, SupportsHMA):
     def _track(self, request: Request) -> RequestTrack | None:
         track = self._tracks.get(request.request_id)
         if track is None and eligible(request):
-            track = new_track(request, self.config.default_tenant, self.config.hash_algo)
+            track = new_track(
+                request, self.config.default_tenant, self.config.hash_algo, self.block_size
+            )
             self._tracks[request.request_id] = track
         return track
 
@@ -221,7 +223,7 @@ class HybridCacheConnector(KVConnectorBase_V1, SupportsHMA):
         if max_blocks <= 0:
             return 0, False
         try:
-            digests = track.digests_upto(max_blocks, self.block_size, self.config.hash_algo)
+            digests = track.digests_upto(max_blocks)
             keys = self._keys(track, KIND_KV, digests) + self._keys(track, KIND_HYBRID, digests)
             found = self.tier.contains_many([k.entry_key(self.fingerprint) for k in keys])
         except Exception as exc:  # noqa: BLE001 - a lookup failure is a miss
@@ -293,7 +295,7 @@ class HybridCacheConnector(KVConnectorBase_V1, SupportsHMA):
             table = table or block_state.get_block_ids(track.request.request_id)
             if table is None:
                 return jobs
-            digests = track.digests_upto(n, self.block_size, self.config.hash_algo)
+            digests = track.digests_upto(n)
             for i in range(min(track.stored, n - 1), n):
                 kv_blocks = {g: table[g][i] for g in self.kv_groups}
                 if any(b <= 0 for b in kv_blocks.values()):

@@ -31,7 +31,8 @@ from typing import Any
 
 from hybridcache.hashing import HASH_ALGOS
 from hybridcache.tiers import HostTier, RedisTier, TenantLimits, Tier
-from hybridcache.tiers.keys import check_name
+from hybridcache.tiers.keys import MIN_SECRET_BYTES, check_name
+from hybridcache.tiers.redis_tier import SECRET_ENV
 
 logger = logging.getLogger("hybridcache.adapters.vllm.connector")
 
@@ -85,15 +86,15 @@ def _opt_str(extra: dict[str, Any], key: str) -> str | None:
 
 
 def _secret(extra: dict[str, Any]) -> bytes | None:
-    raw = extra.get("secret", os.environ.get("HYBRIDCACHE_TIER_SECRET"))
+    raw = extra.get("secret", os.environ.get(SECRET_ENV))
     if raw is None:
         return None
     if isinstance(raw, str):
         raw = raw.encode()
-    if not isinstance(raw, bytes) or len(raw) < 16:
+    if not isinstance(raw, bytes) or len(raw) < MIN_SECRET_BYTES:
         raise ConnectorConfigError(
-            "kv_connector_extra_config.secret: need at least 16 bytes "
-            "(or set HYBRIDCACHE_TIER_SECRET)"
+            f"kv_connector_extra_config.secret: need at least {MIN_SECRET_BYTES} bytes "
+            f"(or set {SECRET_ENV})"
         )
     return raw
 
@@ -136,7 +137,7 @@ def parse_config(extra: dict[str, Any] | None, kv_role: str | None) -> Connector
     if tier == "redis" and secret is None:
         raise ConnectorConfigError(
             "kv_connector_extra_config.secret: required for tier 'redis' "
-            "(or set HYBRIDCACHE_TIER_SECRET); every engine sharing the cache needs the same"
+            f"(or set {SECRET_ENV}); every engine sharing the cache needs the same"
         )
     hash_algo = extra.get("hash_algo", "xxh3_128")
     if hash_algo not in HASH_ALGOS:

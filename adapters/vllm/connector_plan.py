@@ -22,17 +22,15 @@ values only (strings, bytes, ints), so they pickle cheaply to a worker process.
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
-from hybridcache.hashing import as_token_array, hash_units, root_digest
-from hybridcache.tiers import EntryKey
-
-_TENANT_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+from hybridcache.hashing import TokenHasher
+from hybridcache.tiers import EntryKey, TierConfigError
+from hybridcache.tiers.keys import check_name
 
 #: Seed of the connector's hash chains (a different seed would be a disjoint cache).
 CHAIN_SEED = "vllm-connector"
@@ -50,9 +48,10 @@ def tenant_of(cache_salt: str | None, default: str) -> str:
     """
     if not cache_salt:
         return default
-    if _TENANT_RE.match(cache_salt):
-        return cache_salt
-    return "x." + hashlib.blake2b(cache_salt.encode(), digest_size=16).hexdigest()
+    try:
+        return check_name(cache_salt, "tenant")
+    except TierConfigError:
+        return "x." + hashlib.blake2b(cache_salt.encode(), digest_size=16).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -115,7 +114,7 @@ class RequestTrack:
     """What the scheduler-side connector knows about one live request.
 
     Attributes:
-        digests: chain digests of the request's full blocks computed so far.
+        hasher: the request's chain (one unit = one block), extended on demand.
         stored: leading blocks known to have an entry (of either kind) in the tier.
         hybrid: block indices known to have a hybrid entry.
         pending: the hit chosen by the last lookup, as ``(blocks, kinds)``.
@@ -124,35 +123,36 @@ class RequestTrack:
 
     request: Any
     tenant: str
-    root: bytes
-    digests: list[bytes] = field(default_factory=list)
+    hasher: TokenHasher
     stored: int = 0
     hybrid: set[int] = field(default_factory=set)
     pending: tuple[int, list[str]] | None = None
     no_external: bool = False
 
-    def digests_upto(self, n_blocks: int, block_size: int, algo: str) -> list[bytes]:
+    @property
+    def digests(self) -> list[bytes]:
+        """Chain digests of the request's blocks hashed so far."""
+        return self.hasher.digests
+
+    def digests_upto(self, n_blocks: int) -> list[bytes]:
         """Digests of blocks ``0 .. n_blocks-1`` (extends the chain from the request tokens)."""
-        have = len(self.digests)
-        if n_blocks > have:
-            tokens = self.request.all_token_ids[have * block_size : n_blocks * block_size]
-            parent = self.digests[-1] if self.digests else self.root
-            self.digests += hash_units(
-                as_token_array(list(tokens)), block_size, parent, algo, first_unit=have
-            )
-        return self.digests[:n_blocks]
+        h = self.hasher
+        if n_blocks > len(h.digests):
+            h.extend(list(self.request.all_token_ids[h.num_tokens : n_blocks * h.unit]))
+        return h.digests[:n_blocks]
 
 
-def new_track(request: Any, default_tenant: str, algo: str) -> RequestTrack:
+def new_track(request: Any, default_tenant: str, algo: str, block_size: int) -> RequestTrack:
     """Start tracking ``request``: tenant and chain root from its salt and LoRA."""
     lora = getattr(request, "lora_request", None)
-    root = root_digest(
+    hasher = TokenHasher(
+        block_size,
         algo,
         CHAIN_SEED,
         tenant=request.cache_salt or None,
         lora=getattr(lora, "lora_name", None),
     )
-    return RequestTrack(request, tenant_of(request.cache_salt, default_tenant), root)
+    return RequestTrack(request, tenant_of(request.cache_salt, default_tenant), hasher)
 
 
 def best_hit(

@@ -44,6 +44,8 @@ class WorkerStats:
     failure_reasons: dict[str, int] = field(default_factory=dict)
 
     def fail(self, reason: str) -> None:
+        """Count one failed load and why."""
+        self.load_failures += 1
         self.failure_reasons[reason] = self.failure_reasons.get(reason, 0) + 1
 
 
@@ -124,15 +126,22 @@ class WorkerSide:
         self.state_groups = list(state_groups)
         self.ttl_s = ttl_s
         self.stats = WorkerStats()
+        # Pieces every entry must hold (name -> shape, dtype); the last entry of a load
+        # (a hybrid entry) also holds the states.
+        kv = {f"kv.{g}": io.piece_spec(g) for g in self.kv_groups}
+        self._kv_pieces = kv
+        self._hybrid_pieces = kv | {f"state.{g}": io.piece_spec(g) for g in self.state_groups}
 
     # ------------------------------------------------------------------ loads
-    def _check(self, entry: Entry | None, names: Sequence[tuple[str, int]]) -> str | None:
+    @staticmethod
+    def _check(
+        entry: Entry | None, pieces: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+    ) -> str | None:
         """Why ``entry`` cannot be restored (``None``: it can)."""
         if entry is None:
             return "missing"
-        for name, gid in names:
+        for name, (shape, dtype) in pieces.items():
             piece = entry.pieces.get(name)
-            shape, dtype = self.io.piece_spec(gid)
             if not isinstance(piece, torch.Tensor):
                 return "piece-missing"
             if tuple(piece.shape) != shape or piece.dtype != dtype:
@@ -144,17 +153,14 @@ class WorkerSide:
         t0 = time.perf_counter()
         if not job.keys:
             self.stats.fail("plan")
-            self.stats.load_failures += 1
             return False
         try:
             entries = self.tier.get_many([k.entry_key(self.fingerprint) for k in job.keys])
-            kv_names = [(f"kv.{g}", g) for g in self.kv_groups]
-            last = kv_names + [(f"state.{g}", g) for g in self.state_groups]
             for i, entry in enumerate(entries):
-                reason = self._check(entry, last if i == len(entries) - 1 else kv_names)
+                pieces = self._hybrid_pieces if i == len(entries) - 1 else self._kv_pieces
+                reason = self._check(entry, pieces)
                 if reason is not None:
                     self.stats.fail(reason)
-                    self.stats.load_failures += 1
                     return False
             nbytes = 0
             for g in self.kv_groups:  # straight from the tier's buffers: no staging copy
@@ -169,7 +175,6 @@ class WorkerSide:
         except Exception as exc:  # noqa: BLE001 - a failed load is a miss, never a crash
             logger.warning("HybridCacheConnector: load of %s failed: %r", job.req_id, exc)
             self.stats.fail("error")
-            self.stats.load_failures += 1
             return False
         self.stats.loads += 1
         self.stats.blocks_loaded += len(job.keys)

@@ -355,9 +355,7 @@ class HybridKVCacheManager:
             raise NotImplementedError("hybridcache does not manage cross-attention caches")
         rid = request.request_id
         tr = self._tracked.get(rid)
-        if rid in self._wait:
-            self._wait.discard(rid)
-            self.stats_counters.deferred += 1
+        if self._deferred(rid):
             return None
         if tr is None:
             if request.num_computed_tokens:
@@ -370,22 +368,45 @@ class HybridKVCacheManager:
         if tr is None and full_sequence_must_fit and not self._fits(request, num_new_computed_tokens):
             self.stats_counters.allocation_failures += 1
             return None
-        try:
-            alloc = self.manager.allocate(rid, num_new_tokens)
-        except OutOfSpaceError:
-            self.stats_counters.allocation_failures += 1
+        alloc = self._allocate(rid, num_new_tokens)
+        if alloc is None:
             return None
         self.stats_counters.allocations += 1
         if tr is None:
-            if alloc.hit_tokens != num_new_computed_tokens:
-                self.manager.free(rid, finished=False)
-                raise RuntimeError(
-                    f"request {rid}: scheduler adopted {num_new_computed_tokens} cached tokens "
-                    f"but the manager matched {alloc.hit_tokens}"
-                )
-            tr = self._first_tables(request, alloc)
-            self._tracked[rid] = tr
+            tr = self._track_first(request, alloc, num_new_computed_tokens)
         self._extend_tables(tr, alloc)
+        return self._take_new_blocks(tr)
+
+    def _deferred(self, rid: str) -> bool:
+        """Whether ``rid`` was told to wait one step (see :meth:`_pending_deeper`)."""
+        if rid not in self._wait:
+            return False
+        self._wait.discard(rid)
+        self.stats_counters.deferred += 1
+        return True
+
+    def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
+        """The manager's allocation of ``num_tokens`` more tokens, or ``None`` if full."""
+        try:
+            return self.manager.allocate(rid, num_tokens)
+        except OutOfSpaceError:
+            self.stats_counters.allocation_failures += 1
+            return None
+
+    def _track_first(self, request: Request, alloc: Allocation, num_hit: int) -> _Tracked:
+        """Track a request after its first allocation, which must hit the adopted tokens."""
+        rid = request.request_id
+        if alloc.hit_tokens != num_hit:
+            self.manager.free(rid, finished=False)
+            raise RuntimeError(
+                f"request {rid}: scheduler adopted {num_hit} cached tokens "
+                f"but the manager matched {alloc.hit_tokens}"
+            )
+        tr = self._tracked[rid] = self._first_tables(request, alloc)
+        return tr
+
+    def _take_new_blocks(self, tr: _Tracked) -> KVCacheBlocks:
+        """The blocks of ``tr`` not yet returned to the scheduler (and mark them returned)."""
         new = [t[s:] for t, s in zip(tr.tables, tr.sent)]
         tr.sent = [len(t) for t in tr.tables]
         return self._kv_blocks(new)

@@ -42,7 +42,6 @@ from typing import Any
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
-from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import Allocation, SavePoint
 
 from .manager import HybridKVCacheManager, _Tracked
@@ -57,8 +56,6 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         self._loading: dict[str, int] = {}
         # This step's boundary-state hand-offs, drained by the scheduler every step.
         self._offers: dict[str, list[tuple[int, int, int]]] = {}
-        self._offered: set[tuple[str, int]] = set()
-        self._in_load = False
         self.coordinator = dataclasses.replace(
             self.coordinator, remaining_blocks=self._remaining_blocks
         )
@@ -132,9 +129,7 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         rid = request.request_id
         if rid in self._tracked or request.num_computed_tokens:
             raise RuntimeError(f"request {rid}: external tokens for a request already allocated")
-        if rid in self._wait:
-            self._wait.discard(rid)
-            self.stats_counters.deferred += 1
+        if self._deferred(rid):
             return None
         self._add(request)
         if (full_sequence_must_fit and not self._fits(request, num_local)) or not self._load_fits(
@@ -142,39 +137,25 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         ):
             self.stats_counters.allocation_failures += 1
             return None
-        try:
-            alloc = self.manager.allocate(rid, num_external)
-        except OutOfSpaceError:
-            self.stats_counters.allocation_failures += 1
+        alloc = self._allocate(rid, num_external)
+        if alloc is None:
             return None
-        if alloc.hit_tokens != num_local:
-            self.manager.free(rid, finished=False)
-            raise RuntimeError(
-                f"request {rid}: scheduler adopted {num_local} cached tokens "
-                f"but the manager matched {alloc.hit_tokens}"
-            )
+        tr = self._track_first(request, alloc, num_local)
         end = alloc.start + num_external
         alloc = self._only_end_save(rid, alloc, end)
-        tr = self._first_tables(request, alloc)
-        self._tracked[rid] = tr
         first_new = len(self._new_block_ids)
-        self._in_load = True
-        try:
-            self._extend_tables(tr, alloc)
-        finally:
-            self._in_load = False
+        # In flight from here on: nothing is committed, and no state is offered back.
+        self._loading[rid] = end
+        self._extend_tables(tr, alloc)
         if self.attn_ids and set(self.attn_ids) <= skip_zeroing:
             # The load writes these pages whole; zeroing them could race with it (vLLM's
             # skip_zeroing_group_ids). A failed load frees them, and a page is recorded
             # for zeroing again whenever it is handed out anew.
             del self._new_block_ids[first_new:]
-        self._loading[rid] = end
         self.stats_counters.allocations += 1
         self.stats_counters.external_loads += 1
         self.stats_counters.external_tokens += num_external
-        new = [t[s:] for t, s in zip(tr.tables, tr.sent)]
-        tr.sent = [len(t) for t in tr.tables]
-        return self._kv_blocks(new)
+        return self._take_new_blocks(tr)
 
     def _only_end_save(self, rid: str, alloc: Allocation, end: int) -> Allocation:
         """Cancel save points inside a loaded range: only the state at its end exists."""
@@ -261,16 +242,19 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         running = mreq.slot
         kept = super()._run_save(mreq, sp, end)
         in_place = sp.boundary == end and end % self.block_size == 0
-        key = (mreq.id, end)
-        if in_place and not self._in_load and running >= 0 and key not in self._offered:
-            self._offered.add(key)
-            offers = self._offers.setdefault(mreq.id, [])
-            offers += [(gid, self._state_blocks(running, j), end) for j, gid in enumerate(self.mamba_ids)]
+        if (
+            in_place
+            and running >= 0
+            and mreq.id not in self._loading
+            and all(b != end for _, _, b in self._offers.get(mreq.id, ()))
+        ):
+            self._offers.setdefault(mreq.id, []).extend(
+                (gid, self._state_blocks(running, j), end) for j, gid in enumerate(self.mamba_ids)
+            )
             self.stats_counters.boundary_offers += 1
         return kept
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """This step's snapshot blocks, ``{request: [(group, block, boundary)]}``."""
         offers, self._offers = self._offers, {}
-        self._offered.clear()
         return offers
