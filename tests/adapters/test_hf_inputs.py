@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -17,8 +16,6 @@ from hybridcache.adapters.hf import (
 )
 from hybridcache.errors import SpecError, UnknownNameError
 from hybridcache.presets import get_preset, kimi_k3, kimi_linear_48b, preset_names
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 #: A small Qwen3-Next: 2 Gated DeltaNet + 2 attention layers (as DESIGN.md's CPU model).
 TINY_QWEN3_NEXT = {

@@ -7,10 +7,7 @@ against an independent copy. Every expected byte count is worked out in the test
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 

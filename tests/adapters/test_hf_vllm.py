@@ -10,14 +10,11 @@ is loaded or downloaded.
 from __future__ import annotations
 
 import importlib
-import os
 from types import SimpleNamespace
 
 import pytest
 
 from hybridcache.adapters.hf import preset_config, spec_from_hf_config
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

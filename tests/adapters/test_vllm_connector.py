@@ -9,10 +9,6 @@ entries must be misses (no exception, no hit, same outputs); tenants must not sh
 
 from __future__ import annotations
 
-import random
-import sys
-from pathlib import Path
-
 import pytest
 
 try:
@@ -20,84 +16,28 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tiers"))
 import tiers_testlib  # noqa: E402
 import vllm_connector_harness as ch  # noqa: E402
 import vllm_sched_harness as h  # noqa: E402
+from vllm_connector_harness import Recording, external, run  # noqa: E402
 
 from hybridcache.adapters.vllm import connector_config as cc  # noqa: E402
 from hybridcache.adapters.vllm import connector_plan as cp  # noqa: E402
-from hybridcache.tiers import HostTier, Tier  # noqa: E402
+from hybridcache.tiers import HostTier  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("uniproc")]
 BLOCK = h.BLOCK
 
 
 @pytest.fixture
-def host_extra(request):
-    name = f"test-{request.node.name}"
-    cc.drop_host_tier(name)
-    yield {"tier": "host", "host_name": name, "host_bytes": 256 << 20}
-    cc.drop_host_tier(name)
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(2, 500) for _ in range(n)]
+def host_extra(host_tier) -> dict:
+    return host_tier("conn")
 
 
 def workload(seed: int = 0) -> dict[str, list[h.Turn]]:
     """Two chat sessions on a shared system prompt (3 turns) and two questions on a document."""
-    rng = random.Random(seed)
-    system = _tokens(rng, 150)
-    sessions = {
-        f"s{i}": [h.Turn(system + _tokens(rng, 50 + 9 * i), 20)]
-        + [h.Turn(_tokens(rng, 40 + 7 * k), 16) for k in range(2)]
-        for i in range(2)
-    }
-    doc = _tokens(rng, 300)
-    for i in range(2):
-        sessions[f"d{i}"] = [h.Turn(doc + _tokens(rng, 10 + i), 8)]
-    return sessions
-
-
-class Recording(Tier):
-    """A tier that remembers every entry put and every entry returned by a read."""
-
-    def __init__(self, inner: Tier) -> None:
-        self.inner, self.puts, self.gets = inner, {}, []
-
-    def put(self, key, entry, *, ttl_s=None, priority=0.0):
-        self.puts[key] = entry
-        return self.inner.put(key, entry, ttl_s=ttl_s, priority=priority)
-
-    def get_many(self, keys):
-        got = self.inner.get_many(keys)
-        self.gets += [(k, e) for k, e in zip(keys, got) if e is not None]
-        return got
-
-    def contains_many(self, keys):
-        return self.inner.contains_many(keys)
-
-    def delete(self, key):
-        self.inner.delete(key)
-
-    def stats(self):
-        return self.inner.stats()
-
-
-def run(model_dir, extra, sessions, salts=None, tier: Tier | None = None, **kw):
-    sched, worker = ch.make(model_dir, extra, **kw)
-    if tier is not None:
-        sched.connector.tier = worker.connector.tier = tier
-        worker.connector._worker.tier = tier
-    res = ch.drive(sched, worker, sessions, salts)
-    return res, sched, worker
-
-
-def external(sched) -> int:
-    return sched.connector.scheduler_stats()["hit_tokens"]
+    return h.chats_and_document(seed, chats=2, turns=3, first=(50, 9), later=(40, 7),
+                                answers=(20, 16), questions=2)
 
 
 def test_second_scheduler_restores_exact_kv_and_state(model_dir, host_extra):
@@ -129,7 +69,7 @@ def test_second_scheduler_restores_exact_kv_and_state(model_dir, host_extra):
 
 
 def test_redis_across_schedulers_and_bytes(model_dir, redis_server):
-    extra = {"tier": "redis", "url": redis_server.url, "secret": tiers_testlib.SECRET.decode()}
+    extra = ch.redis_extra(redis_server.url)
     sessions = workload(1)
     first, s1, w1 = run(model_dir, extra, sessions)
     assert w1.connector.tier.flush(timeout_s=10)
@@ -141,26 +81,15 @@ def test_redis_across_schedulers_and_bytes(model_dir, redis_server):
         conn.shutdown()  # closes its RedisTier (flushing first)
 
 
-def _flip_chunks(redis_server) -> int:
-    client = redis_server.client()
-    n = 0
-    for key in client.scan_iter(match="hc:*}:*"):  # chunk keys
-        value = bytearray(client.get(key))
-        value[len(value) // 2] ^= 0xFF
-        client.set(key, bytes(value))
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("damage", ["flip", "drop-chunks", "drop-all", "server-down"])
 def test_damaged_entries_are_misses(model_dir, redis_server, damage):
-    extra = {"tier": "redis", "url": redis_server.url, "secret": tiers_testlib.SECRET.decode()}
+    extra = ch.redis_extra(redis_server.url)
     sessions = workload(2)
     first, s1, w1 = run(model_dir, extra, sessions)
     assert w1.connector.tier.flush(timeout_s=10)
     client = redis_server.client()
     if damage == "flip":
-        assert _flip_chunks(redis_server) > 0
+        assert ch.flip_chunks(redis_server) > 0
     elif damage == "drop-chunks":
         assert client.delete(*client.keys("hc:*}:*")) > 0
     elif damage == "drop-all":
@@ -193,18 +122,10 @@ def test_tenants_are_isolated(model_dir, host_extra):
 
 
 def test_consumer_does_not_save_and_producer_does_not_load(model_dir, host_extra):
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-    from vllm.v1.core.sched.scheduler import Scheduler
-
-    from hybridcache.adapters.vllm.connector import HybridCacheConnector
-
     def role_run(role):
-        sched = h.make_scheduler(model_dir, Scheduler, 200,
-                                 kv_transfer_config=ch.transfer_config(host_extra, role))
-        conn = HybridCacheConnector(sched.vllm_config, KVConnectorRole.WORKER,
-                                    sched.kv_cache_config)
-        ch.drive(sched, ch.TensorWorker(sched.kv_cache_config, conn), workload(4))
-        return external(sched), conn.worker_stats()["saves"]
+        sched, worker = ch.make(model_dir, host_extra, role=role)
+        ch.drive(sched, worker, workload(4))
+        return external(sched), worker.connector.worker_stats()["saves"]
 
     assert role_run("kv_consumer") == (0, 0)  # empty tier, and it saves nothing
     hits, saves = role_run("kv_producer")

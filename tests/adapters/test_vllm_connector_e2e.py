@@ -25,7 +25,6 @@ least one request that resumed deeper than the reference.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -35,35 +34,21 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tiers"))
-import tiers_testlib  # noqa: E402
-import vllm_tiny_model  # noqa: E402
-from test_vllm_e2e import SCHEDULER, check_same_greedy, serve  # noqa: E402
+import vllm_connector_harness as ch  # noqa: E402
+from vllm_e2e_workload import SCHEDULER, check_same_greedy, serve  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.redis]
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3_next(tmp_path_factory) -> Path:
-    return vllm_tiny_model.build_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next-conn"))
-
-
-@pytest.fixture(scope="module")
-def native(tiny_qwen3_next, tmp_path_factory) -> dict:
+def native(tiny_qwen3_next: Path, tmp_path_factory) -> dict:
     """The reference: vLLM without connector (its own prefix cache only)."""
     return serve(tiny_qwen3_next, tmp_path_factory.mktemp("native") / "native.json")
 
 
 def kv_transfer(url: str) -> str:
-    return json.dumps({
-        "kv_connector": "HybridCacheConnector",
-        "kv_connector_module_path": "hybridcache.adapters.vllm.connector",
-        "kv_role": "kv_both",
-        "kv_connector_extra_config": {"tier": "redis", "url": url,
-                                      "secret": tiers_testlib.SECRET.decode()},
-    })
+    """``--kv-transfer-config`` for the connector on the Redis at ``url``."""
+    return json.dumps(ch.transfer_dict(ch.redis_extra(url)))
 
 
 def test_qwen3_next_restarts_from_redis(tiny_qwen3_next, native, redis_server, tmp_path):

@@ -18,12 +18,6 @@ more than that from the first generated token on.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 try:
@@ -31,53 +25,9 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-import vllm_tiny_model  # noqa: E402
+from vllm_e2e_workload import SCHEDULER, check_same_greedy, serve  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
-
-TOL = 0.02
-SCHEDULER = "hybridcache.adapters.vllm.HybridCacheScheduler"
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen3_next(tmp_path_factory) -> Path:
-    return vllm_tiny_model.build_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next"))
-
-
-def serve(model: Path, out: Path, *extra: str) -> dict:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
-    cmd = [sys.executable, str(HERE / "vllm_e2e_workload.py"), str(model), str(out), *extra]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
-    return json.loads(out.read_text())
-
-
-def first_divergence(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-
-
-def check_same_greedy(native: dict, ours: dict) -> list[str]:
-    """Assert identity up to bf16 near-ties (module docstring); return the near-tie notes."""
-    notes = []
-    for a, b in zip(native["requests"], ours["requests"]):
-        assert a["name"] == b["name"] and len(a["output"]) == len(b["output"])
-        d = first_divergence(a["output"], b["output"])
-        upto = len(a["output"]) if d is None else d
-        for i in range(upto):
-            tok = str(a["output"][i])
-            assert abs(a["logprobs"][i][tok] - b["logprobs"][i][tok]) < TOL, (a["name"], i)
-        if d is None:
-            continue
-        tn, to = str(a["output"][d]), str(b["output"][d])
-        la, lb = a["logprobs"][d], b["logprobs"][d]
-        assert to in la and tn in lb, f"{a['name']}@{d}: tokens not among each other's top 2"
-        assert abs(la[tn] - la[to]) < TOL and abs(lb[tn] - lb[to]) < TOL, (a["name"], d, la, lb)
-        assert abs(la[tn] - lb[tn]) < TOL and abs(la[to] - lb[to]) < TOL, (a["name"], d, la, lb)
-        notes.append(f"{a['name']}: near-tie at token {d} ({la[tn]:.4f} vs {la[to]:.4f})")
-    return notes
 
 
 def test_qwen3_next_multi_turn_native_vs_hybridcache(tiny_qwen3_next, tmp_path):

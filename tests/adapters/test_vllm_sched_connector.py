@@ -11,8 +11,6 @@ vLLM's own manager + the connector give the reference hit counts.
 from __future__ import annotations
 
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -21,14 +19,11 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
-HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tiers"))
 import tiers_testlib  # noqa: E402
 import vllm_connector_harness as ch  # noqa: E402
 import vllm_sched_harness as h  # noqa: E402
-from test_vllm_connector import Recording, external  # noqa: E402
-from test_vllm_scheduler import assert_ours_clean  # noqa: E402
+from vllm_connector_harness import Recording, external  # noqa: E402
+from vllm_sched_harness import assert_ours_clean  # noqa: E402
 
 from hybridcache.adapters.vllm import connector_config as cc  # noqa: E402
 from hybridcache.adapters.vllm.manager_external import ConnectorKVCacheManager  # noqa: E402
@@ -37,57 +32,25 @@ pytestmark = [pytest.mark.vllm, pytest.mark.usefixtures("uniproc")]
 BLOCK = h.BLOCK
 
 
-@pytest.fixture
-def host_tier(request):
-    """A fresh HostTier name per call (``host_tier("x")``), dropped at the end."""
-    names = []
-
-    def make(tag: str) -> dict:
-        name = f"test-{request.node.name}-{tag}"
-        cc.drop_host_tier(name)
-        names.append(name)
-        return {"tier": "host", "host_name": name, "host_bytes": 256 << 20}
-
-    yield make
-    for name in names:
-        cc.drop_host_tier(name)
-
-
-def _tokens(rng: random.Random, n: int) -> list[int]:
-    return [rng.randrange(2, 500) for _ in range(n)]
-
-
 def chats(seed: int = 0, sessions: int = 3, turns: int = 3) -> dict[str, list[h.Turn]]:
     """Chat sessions on a shared system prompt whose answers cross block boundaries (so
     turn-end states exist), and two questions on a document."""
-    rng = random.Random(seed)
-    system = _tokens(rng, 150)
-    out = {
-        f"s{i}": [h.Turn(system + _tokens(rng, 60 + 11 * i), 40)]
-        + [h.Turn(_tokens(rng, 30 + 9 * k), 40) for k in range(turns - 1)]
-        for i in range(sessions)
-    }
-    doc = _tokens(rng, 300)
-    for i in range(2):
-        out[f"d{i}"] = [h.Turn(doc + _tokens(rng, 10 + i), 8)]
-    return out
+    return h.chats_and_document(seed, chats=sessions, turns=turns, first=(60, 11),
+                                later=(30, 9), answers=(40, 40), questions=2)
 
 
 def run(model_dir, extra, sessions, ours=True, tier=None, **kw):
-    sched, worker = ch.make(model_dir, extra, scheduler_cls=HybridCacheScheduler if ours else None,
-                            **kw)
-    if tier is not None:
-        sched.connector.tier = worker.connector.tier = tier
-        worker.connector._worker.tier = tier
-    res = ch.drive(sched, worker, sessions)
+    """:func:`vllm_connector_harness.run` with our scheduler (``ours``) or vLLM's, then
+    checks that nothing leaked."""
+    res, sched, worker = ch.run(model_dir, extra, sessions, tier=tier,
+                                scheduler_cls=HybridCacheScheduler if ours else None, **kw)
     if ours:
         assert isinstance(sched.kv_cache_manager, ConnectorKVCacheManager)
         assert_ours_clean(sched)
         stats = sched.kv_cache_manager.stats_counters
         assert stats.external_loads == stats.external_loads_completed + stats.external_loads_dropped
     else:
-        pool = sched.kv_cache_manager.block_pool
-        assert pool.get_num_free_blocks() == sched.kv_cache_config.num_blocks - 1
+        h.assert_native_clean(sched)
     return res, sched, worker
 
 
@@ -123,7 +86,7 @@ def test_second_scheduler_resumes_from_the_tier_exactly(model_dir, host_tier):
     # boundary, which both managers keep; the comparison is in the next test.
 
 
-def continuations(sessions: dict[str, list[h.Turn]], res: ch.Result,
+def continuations(sessions: dict[str, list[h.Turn]], res: h.DriveResult,
                   seed: int) -> dict[str, list[h.Turn]]:
     """Each chat's whole history after ``res`` plus a new user turn (a restarted engine
     continuing the conversations)."""
@@ -135,7 +98,7 @@ def continuations(sessions: dict[str, list[h.Turn]], res: ch.Result,
         history: list[int] = []
         for k, turn in enumerate(turns):
             history += turn.new_tokens + res.outputs[f"{s}/{k}"]
-        out[s] = [h.Turn(history + _tokens(rng, 37), 8)]
+        out[s] = [h.Turn(history + h.tokens(rng, 37), 8)]
     return out
 
 
@@ -184,19 +147,13 @@ def test_state_offers_are_checked_end_to_end(model_dir, host_tier, monkeypatch):
 
 @pytest.mark.parametrize("damage", ["flip", "drop-all"])
 def test_damaged_entries_are_misses(model_dir, redis_server, damage):
-    extra = {"tier": "redis", "url": redis_server.url, "secret": tiers_testlib.SECRET.decode()}
+    extra = ch.redis_extra(redis_server.url)
     sessions = chats(2, sessions=2, turns=2)
     first, s1, w1 = run(model_dir, extra, sessions)
     assert w1.connector.tier.flush(timeout_s=10)
     client = redis_server.client()
     if damage == "flip":
-        n = 0
-        for key in client.scan_iter(match="hc:*}:*"):  # chunk keys
-            value = bytearray(client.get(key))
-            value[len(value) // 2] ^= 0xFF
-            client.set(key, bytes(value))
-            n += 1
-        assert n > 0
+        assert ch.flip_chunks(redis_server) > 0
     else:
         client.flushall()
     second, s2, w2 = run(model_dir, extra, sessions)
@@ -236,9 +193,7 @@ def test_random_streams_resume_from_the_tier(model_dir, host_tier, seed):
     admitted in one step: seeds 10 and 34 (24 blocks) admitted two loads that then waited
     for each other's blocks forever when the in-flight reservation ignored state slots.
     """
-    from test_vllm_scheduler import random_stream
-
-    sessions, kw = random_stream(seed)
+    sessions, kw = h.random_stream(seed)
     kw.pop("max_batched")
     extra = host_tier("r")
     first, _, _ = run(model_dir, extra, sessions, **kw)

@@ -24,20 +24,35 @@ from typing import Any
 import torch
 import vllm_sched_harness as h
 
+from hybridcache.tiers import Tier
+
 HEAD_DIM = 16
 STATE_BYTES = 256
 MODULE = "hybridcache.adapters.vllm.connector"
 
 
+def transfer_dict(extra: dict, role: str = "kv_both") -> dict:
+    """``HybridCacheConnector``'s ``KVTransferConfig`` fields (``kv_connector_extra_config``
+    is ``extra``), as vLLM's ``--kv-transfer-config`` JSON takes them."""
+    return dict(kv_connector="HybridCacheConnector", kv_connector_module_path=MODULE,
+                kv_role=role, kv_connector_extra_config=extra)
+
+
 def transfer_config(extra: dict, role: str = "kv_both") -> Any:
     from vllm.config import KVTransferConfig
 
-    return KVTransferConfig(kv_connector="HybridCacheConnector", kv_connector_module_path=MODULE,
-                            kv_role=role, kv_connector_extra_config=extra)
+    return KVTransferConfig(**transfer_dict(extra, role))
+
+
+def redis_extra(url: str) -> dict:
+    """Connector settings for a RedisTier at ``url`` with the tier tests' secret."""
+    import tiers_testlib
+
+    return {"tier": "redis", "url": url, "secret": tiers_testlib.SECRET.decode()}
 
 
 def make(model_dir: Path, extra: dict, num_blocks: int = 200, scheduler_cls: Any = None,
-         **kw: Any) -> tuple[Any, TensorWorker]:
+         role: str = "kv_both", **kw: Any) -> tuple[Any, TensorWorker]:
     """vLLM's Scheduler (or ``scheduler_cls``, e.g. ``HybridCacheScheduler``) with the
     connector (scheduler role) and a worker with its worker role."""
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
@@ -46,7 +61,7 @@ def make(model_dir: Path, extra: dict, num_blocks: int = 200, scheduler_cls: Any
     from hybridcache.adapters.vllm.connector import HybridCacheConnector
 
     sched = h.make_scheduler(model_dir, scheduler_cls or Scheduler, num_blocks,
-                             kv_transfer_config=transfer_config(extra), **kw)
+                             kv_transfer_config=transfer_config(extra, role), **kw)
     conn = HybridCacheConnector(sched.vllm_config, KVConnectorRole.WORKER, sched.kv_cache_config)
     return sched, TensorWorker(sched.kv_cache_config, conn)
 
@@ -221,64 +236,72 @@ class TensorWorker:
                     t[block] = state_value(at(rid, tokens, end), li)
 
 
-@dataclass
-class Result:
-    """Per request: tokens cached at first scheduling (local + external), outputs."""
-
-    hits: dict[str, int] = field(default_factory=dict)
-    outputs: dict[str, list[int]] = field(default_factory=dict)
-    steps: int = 0
-
-
 def drive(sched: Any, worker: TensorWorker, sessions: dict[str, list[h.Turn]],
-          salts: dict[str, str | None] | None = None, max_steps: int = 5000) -> Result:
-    """Run every session's turns (each prompt is the whole history) to the end."""
-    from vllm.sampling_params import SamplingParams
-    from vllm.utils.hashing import sha256
-    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+          salts: dict[str, str | None] | None = None, max_steps: int = 5000) -> h.DriveResult:
+    """Run every session's turns (each prompt is the whole history) to the end
+    (:func:`vllm_sched_harness.run_sessions`), every step through ``worker``."""
     from vllm.v1.outputs import ModelRunnerOutput
-    from vllm.v1.request import Request
 
-    init_none_hash(sha256)
-    hasher = get_request_block_hasher(sched.hash_block_size, sha256)
-    salts = salts or {}
-    history = {s: [] for s in sessions}
-    nxt = dict.fromkeys(sessions, 0)
-    live: dict[str, Any] = {}
-    res = Result()
-
-    def submit(s: str) -> None:
-        turn = sessions[s][nxt[s]]
-        history[s] = history[s] + turn.new_tokens
-        sp = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True, temperature=0.0)
-        req = Request(f"{s}/{nxt[s]}", list(history[s]), sp, None, cache_salt=salts.get(s),
-                      block_hasher=hasher)
-        live[req.request_id] = req
-        sched.add_request(req)
-
-    for s in sessions:
-        submit(s)
-    for _ in range(max_steps):
-        if not live:
-            break
-        out = sched.schedule()
-        for nr in out.scheduled_new_reqs:
-            n = out.num_scheduled_tokens[nr.req_id]
-            res.hits.setdefault(nr.req_id, live[nr.req_id].num_computed_tokens - n)
+    def step(out: Any, live: dict[str, Any]) -> Any:
         kv_out = worker.step(out, live)
         mro = h.model_output(out, live) if out.num_scheduled_tokens else ModelRunnerOutput(
             req_ids=[], req_id_to_index={})
         mro.kv_connector_output = kv_out
-        sched.update_from_output(out, mro)
-        for rid, req in list(live.items()):
-            if req.is_finished():
-                del live[rid]
-                s, k = rid.split("/")
-                res.outputs[rid] = list(req.output_token_ids)
-                history[s] = list(req.all_token_ids)
-                nxt[s] = int(k) + 1
-                if nxt[s] < len(sessions[s]):
-                    submit(s)
-        res.steps += 1
-    assert not live, f"requests still running after {max_steps} steps: {sorted(live)}"
-    return res
+        return mro
+
+    return h.run_sessions(sched, sessions, step, salts=salts, max_steps=max_steps)
+
+
+def run(model_dir: Path, extra: dict, sessions: dict[str, list[h.Turn]],
+        salts: dict[str, str | None] | None = None, tier: Any = None,
+        **kw: Any) -> tuple[h.DriveResult, Any, TensorWorker]:
+    """:func:`make` (``kw`` goes to it), with both roles on ``tier`` if given, then
+    :func:`drive`; returns the result, the scheduler and the worker."""
+    sched, worker = make(model_dir, extra, **kw)
+    if tier is not None:
+        sched.connector.tier = worker.connector.tier = tier
+        worker.connector._worker.tier = tier
+    res = drive(sched, worker, sessions, salts)
+    return res, sched, worker
+
+
+def external(sched: Any) -> int:
+    """Tokens the scheduler-side connector found in the tier."""
+    return sched.connector.scheduler_stats()["hit_tokens"]
+
+
+def flip_chunks(redis_server: Any) -> int:
+    """Flip one byte in the middle of every chunk in Redis; returns how many."""
+    client = redis_server.client()
+    n = 0
+    for key in client.scan_iter(match="hc:*}:*"):  # chunk keys
+        value = bytearray(client.get(key))
+        value[len(value) // 2] ^= 0xFF
+        client.set(key, bytes(value))
+        n += 1
+    return n
+
+
+class Recording(Tier):
+    """A tier that remembers every entry put and every entry returned by a read."""
+
+    def __init__(self, inner: Tier) -> None:
+        self.inner, self.puts, self.gets = inner, {}, []
+
+    def put(self, key, entry, *, ttl_s=None, priority=0.0):
+        self.puts[key] = entry
+        return self.inner.put(key, entry, ttl_s=ttl_s, priority=priority)
+
+    def get_many(self, keys):
+        got = self.inner.get_many(keys)
+        self.gets += [(k, e) for k, e in zip(keys, got) if e is not None]
+        return got
+
+    def contains_many(self, keys):
+        return self.inner.contains_many(keys)
+
+    def delete(self, key):
+        self.inner.delete(key)
+
+    def stats(self):
+        return self.inner.stats()

@@ -16,6 +16,9 @@ Output JSON: ``{"requests": [{"name", "prompt_len", "num_cached_tokens", "output
 "logprobs"}],
 "block_size", "hybridcache": stats or null, "connector": HybridCacheConnector counters or
 null, "startup_s", "total_s"}``.
+
+For the tests, :func:`serve` runs this script in a fresh process and returns that JSON,
+and :func:`check_same_greedy` compares two runs' outputs (see ``test_vllm_e2e.py``).
 """
 
 from __future__ import annotations
@@ -24,13 +27,19 @@ import argparse
 import json
 import os
 import random
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 SYSTEM_LEN = 300
 USER_LENS = (200, 225, 60)
 DOC_LEN = 600
 QUESTION_LEN = 30
 MAX_TOKENS = 24
+
+TOL = 0.02  # logprob tolerance of check_same_greedy
+SCHEDULER = "hybridcache.adapters.vllm.HybridCacheScheduler"
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -120,6 +129,45 @@ def _connector_stats(sched) -> dict | None:
     worker = get_kv_transfer_group()
     worker.tier.flush(timeout_s=30)
     return dict(scheduler=sched.connector.scheduler_stats(), worker=worker.worker_stats())
+
+
+def serve(model: Path, out: Path, *extra: str) -> dict:
+    """Run the workload on ``model`` in a fresh process (``extra``: this script's options)
+    and return its output JSON (also written to ``out``)."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+    cmd = [sys.executable, str(Path(__file__).resolve()), str(model), str(out), *extra]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
+def check_same_greedy(native: dict, ours: dict) -> list[str]:
+    """Assert identity up to bf16 near-ties (``test_vllm_e2e.py``'s module docstring): the
+    same tokens, or a first divergence where both runs' two competing tokens are within
+    ``TOL`` of each other and of the other run's, every logprob before it within ``TOL``.
+    Returns the near-tie notes."""
+    notes = []
+    for a, b in zip(native["requests"], ours["requests"]):
+        assert a["name"] == b["name"] and len(a["output"]) == len(b["output"])
+        d = first_divergence(a["output"], b["output"])
+        upto = len(a["output"]) if d is None else d
+        for i in range(upto):
+            tok = str(a["output"][i])
+            assert abs(a["logprobs"][i][tok] - b["logprobs"][i][tok]) < TOL, (a["name"], i)
+        if d is None:
+            continue
+        tn, to = str(a["output"][d]), str(b["output"][d])
+        la, lb = a["logprobs"][d], b["logprobs"][d]
+        assert to in la and tn in lb, f"{a['name']}@{d}: tokens not among each other's top 2"
+        assert abs(la[tn] - la[to]) < TOL and abs(lb[tn] - lb[to]) < TOL, (a["name"], d, la, lb)
+        assert abs(la[tn] - lb[tn]) < TOL and abs(la[to] - lb[to]) < TOL, (a["name"], d, la, lb)
+        notes.append(f"{a['name']}: near-tie at token {d} ({la[tn]:.4f} vs {la[to]:.4f})")
+    return notes
 
 
 def main() -> None:

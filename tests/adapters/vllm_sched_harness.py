@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -278,6 +280,82 @@ class Turn:
     max_tokens: int
 
 
+def tokens(rng: random.Random, n: int) -> list[int]:
+    """``n`` token ids in ``[2, 500)`` drawn from ``rng``."""
+    return [rng.randrange(2, 500) for _ in range(n)]
+
+
+def chats_and_document(seed: int, *, chats: int, turns: int, first: tuple[int, int],
+                       later: tuple[int, int], answers: tuple[int, int],
+                       questions: int) -> dict[str, list[Turn]]:
+    """``chats`` sessions ``s0, s1, ...`` of ``turns`` turns on one 150-token system prompt,
+    then ``questions`` one-turn requests ``d0, d1, ...`` on one 300-token document.
+
+    Chat ``i``'s first user turn has ``first[0] + first[1] * i`` tokens after the system
+    prompt, its turn ``k + 1`` has ``later[0] + later[1] * k``; the first turn generates
+    ``answers[0]`` tokens, later turns ``answers[1]``. Question ``i`` is the document plus
+    ``10 + i`` tokens and generates 8.
+    """
+    rng = random.Random(seed)
+    system = tokens(rng, 150)
+    sessions = {
+        f"s{i}": [Turn(system + tokens(rng, first[0] + first[1] * i), answers[0])]
+        + [Turn(tokens(rng, later[0] + later[1] * k), answers[1]) for k in range(turns - 1)]
+        for i in range(chats)
+    }
+    doc = tokens(rng, 300)
+    for i in range(questions):
+        sessions[f"d{i}"] = [Turn(doc + tokens(rng, 10 + i), 8)]
+    return sessions
+
+
+DEFAULT_ADMISSION = "last-token+turn-end+branch-point"
+
+
+def random_stream(seed: int) -> tuple[dict[str, list[Turn]], dict]:
+    """Random sessions around a shared prefix whose length straddles block boundaries, and
+    ``make_scheduler`` keywords (pool size, token budget, admission and eviction)."""
+    rng = random.Random(seed)
+    b = BLOCK
+    shared = tokens(rng, rng.choice([b - 1, b, b + 1, 2 * b, 150, 3 * b + 5]))
+    sessions = {}
+    for i in range(rng.randint(2, 7)):
+        first = (shared if rng.random() < 0.7 else []) + tokens(rng, rng.randint(1, 200))
+        turns = [Turn(first, rng.randint(1, 70))]
+        turns += [Turn(tokens(rng, rng.randint(1, 150)), rng.randint(1, 70))
+                  for _ in range(rng.randint(0, 3))]
+        sessions[f"s{i}"] = turns
+    kw = dict(
+        num_blocks=rng.choice([24, 40, 80, 400]),
+        max_batched=rng.choice([64, 100, 1024]),
+        additional_config={"hybridcache": {
+            "admission": rng.choice([DEFAULT_ADMISSION, DEFAULT_ADMISSION + "+interval:128",
+                                     "last-token", "chunk-end+turn-end"]),
+            "eviction": rng.choice(["value", "lru", "marconi"]),
+        }},
+    )
+    return sessions, kw
+
+
+def assert_native_clean(sched: Any) -> None:
+    """vLLM's manager: every block but the null block is free again."""
+    pool = sched.kv_cache_manager.block_pool
+    assert pool.get_num_free_blocks() == sched.kv_cache_config.num_blocks - 1
+
+
+def assert_ours_clean(sched: Any) -> None:
+    """Every page / slot still in use belongs to a cached entry (or is the null page)."""
+    mgr = sched.kv_cache_manager
+    assert mgr.num_tracked == 0 and not mgr.manager.requests
+    nodes = list(mgr.manager.index.nodes.values())
+    pages = sum(len(n.pages) for n in nodes if n.pages is not None)
+    snaps = sum(1 for n in nodes if n.snap >= 0)
+    arena = mgr.manager.arena
+    assert arena.pages_in_use == 1 + pages
+    assert arena.slots_in_use == snaps
+    assert mgr.stats_counters.saves_dropped == 0
+
+
 @dataclass
 class DriveResult:
     """Per request: tokens found cached when first scheduled; outputs; step count."""
@@ -290,13 +368,15 @@ class DriveResult:
     worker: SimWorker | None = None
 
 
-def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000,
-          worker: SimWorker | None = None) -> DriveResult:
+def run_sessions(scheduler: Any, sessions: dict[str, list[Turn]],
+                 step: Callable[[Any, dict[str, Any]], Any], *,
+                 salts: dict[str, str | None] | None = None, max_steps: int) -> DriveResult:
     """Run every session's turns (the next turn's prompt is the whole history) to the end.
 
     All sessions start together; a session submits its next turn when the previous one
-    finishes. Every step goes through :class:`SimWorker`, so a wrong block fails here;
-    pass the previous result's ``worker`` to drive the same scheduler again.
+    finishes. ``step(out, live)`` plays the worker for one ``SchedulerOutput`` and returns
+    the ``ModelRunnerOutput`` handed to ``update_from_output``. ``salts`` gives a session's
+    ``cache_salt``.
     """
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -305,21 +385,19 @@ def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 2
 
     init_none_hash(sha256)
     hasher = get_request_block_hasher(scheduler.hash_block_size, sha256)
-    kvc = scheduler.kv_cache_config
-    mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
-    attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
-    worker = worker or SimWorker(scheduler.block_size, mamba, attn)
+    salts = salts or {}
     history = {s: [] for s in sessions}
-    nxt = {s: 0 for s in sessions}
+    nxt = dict.fromkeys(sessions, 0)
     live: dict[str, Any] = {}
-    res = DriveResult({}, {}, {}, 0, 0, worker)
+    res = DriveResult({}, {}, {}, 0, 0)
 
     def submit(s: str) -> None:
         turn = sessions[s][nxt[s]]
         rid = f"{s}/{nxt[s]}"
         history[s] = history[s] + turn.new_tokens
         sp = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True, temperature=0.0)
-        req = Request(rid, list(history[s]), sp, None, block_hasher=hasher)
+        req = Request(rid, list(history[s]), sp, None, cache_salt=salts.get(s),
+                      block_hasher=hasher)
         live[rid] = req
         res.prompt_lens[rid] = len(history[s])
         scheduler.add_request(req)
@@ -334,8 +412,7 @@ def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 2
         for nr in out.scheduled_new_reqs:
             n = out.num_scheduled_tokens[nr.req_id]
             res.hits.setdefault(nr.req_id, live[nr.req_id].num_computed_tokens - n)
-        worker.apply(out, live)
-        scheduler.update_from_output(out, model_output(out, live))
+        scheduler.update_from_output(out, step(out, live))
         for rid, req in list(live.items()):
             if req.is_finished():
                 del live[rid]
@@ -347,4 +424,24 @@ def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 2
                     submit(s)
         res.steps += 1
     assert not live, f"requests still running after {max_steps} steps: {sorted(live)}"
+    return res
+
+
+def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000,
+          worker: SimWorker | None = None) -> DriveResult:
+    """:func:`run_sessions` with every step going through :class:`SimWorker` (so a wrong
+    block fails here) and :func:`model_output`; pass the previous result's ``worker`` to
+    drive the same scheduler again.
+    """
+    kvc = scheduler.kv_cache_config
+    mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
+    attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
+    worker = worker or SimWorker(scheduler.block_size, mamba, attn)
+
+    def step(out: Any, live: dict[str, Any]) -> Any:
+        worker.apply(out, live)
+        return model_output(out, live)
+
+    res = run_sessions(scheduler, sessions, step, max_steps=max_steps)
+    res.worker = worker
     return res
