@@ -145,7 +145,6 @@ class TensorWorker:
 
     def _update_states(self, out: Any) -> set[str]:
         """Apply frees, zeroing, copies and block tables; returns requests whose table is new."""
-        fresh = set()
         for rid in list(out.finished_req_ids) + list(out.preempted_req_ids or ()):
             self.tables.pop(rid, None)
             self.state_col.pop(rid, None)
@@ -154,21 +153,7 @@ class TensorWorker:
             self._zero(b)
         for c in out.kv_cache_block_copies or ():
             self._copy(c.src_block_id, c.dst_block_id)
-        for nr in out.scheduled_new_reqs:
-            self.tables[nr.req_id] = [list(t) for t in nr.block_ids]
-            self.state_col.pop(nr.req_id, None)
-            fresh.add(nr.req_id)
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            new = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
-                self.tables[rid] = [list(t) for t in new]
-                self.state_col.pop(rid, None)
-                fresh.add(rid)
-            elif new is not None:
-                for t, extra in zip(self.tables[rid], new):
-                    t.extend(extra)
-        return fresh
+        return h.mirror_tables(out, self.tables, self.state_col)
 
     def step(self, out: Any, requests: dict[str, Any]) -> Any:
         """One engine step; returns the ``KVConnectorOutput`` for the scheduler."""

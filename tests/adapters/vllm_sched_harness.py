@@ -138,6 +138,27 @@ def fake_token(tokens: list[int]) -> int:
     return 2 + int(prefix_digest(tokens), 16) % 500
 
 
+def mirror_tables(out: Any, tables: dict[str, list[list[int]]], state_col: dict[str, int]) -> set[str]:
+    """Apply a scheduler output's block tables as vLLM's worker does (new, resumed and
+    extended requests); returns the requests whose table is new (their state column too)."""
+    fresh = set()
+    for nr in out.scheduled_new_reqs:
+        tables[nr.req_id] = [list(t) for t in nr.block_ids]
+        state_col.pop(nr.req_id, None)
+        fresh.add(nr.req_id)
+    cached = out.scheduled_cached_reqs
+    for i, rid in enumerate(cached.req_ids):
+        new = cached.new_block_ids[i]
+        if rid in cached.resumed_req_ids:
+            tables[rid] = [list(t) for t in new]
+            state_col.pop(rid, None)
+            fresh.add(rid)
+        elif new is not None:
+            for t, extra in zip(tables[rid], new):
+                t.extend(extra)
+    return fresh
+
+
 @dataclass
 class SimWorker:
     """Worker-side view of blocks (see module docstring); raises AssertionError on misuse."""
@@ -165,18 +186,7 @@ class SimWorker:
             self.state.pop(b, None)
         for c in out.kv_cache_block_copies or ():
             self._copy(c.src_block_id, c.dst_block_id)
-        for nr in out.scheduled_new_reqs:
-            self.tables[nr.req_id] = [list(t) for t in nr.block_ids]
-            self.state_col.pop(nr.req_id, None)
-        cached = out.scheduled_cached_reqs
-        for i, rid in enumerate(cached.req_ids):
-            new = cached.new_block_ids[i]
-            if rid in cached.resumed_req_ids:
-                self.tables[rid] = [list(t) for t in new]
-                self.state_col.pop(rid, None)
-            elif new is not None:
-                for t, extra in zip(self.tables[rid], new):
-                    t.extend(extra)
+        mirror_tables(out, self.tables, self.state_col)
         self._check_disjoint(out, requests)
         self._run_all(out, requests)
 
