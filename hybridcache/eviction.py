@@ -22,6 +22,7 @@ from hybridcache.policy import marconi_ranking
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import Node
+    from hybridcache.runs import PagesPred
 
 
 class SlotBatch:
@@ -65,7 +66,7 @@ class EvictingAllocator:
     evict_kv: Callable[[Node], None]
     evict_snapshot: Callable[..., int]
 
-    def _marconi_next(self, pred: Callable[[Node], bool] | None) -> tuple[str, Node] | None:
+    def _marconi_next(self, pred: PagesPred | None) -> tuple[str, Node] | None:
         """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
         satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
         for ``pred`` keep their place at the low end of the ranking."""
@@ -76,7 +77,7 @@ class EvictingAllocator:
                 q = self.kv_q if kind == "kv" else self.snap_q
                 if node not in q.eff:  # type: ignore[attr-defined]
                     continue
-                if pred is not None and kind == "kv" and not pred(node):
+                if pred is not None and kind == "kv" and not pred(node.pages):
                     skipped.append((kind, node))
                     continue
                 found = (kind, node)
@@ -92,7 +93,7 @@ class EvictingAllocator:
             self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
         return None
 
-    def _choose(self, pred: Callable[[Node], bool] | None, aside: list) -> tuple[str, Node] | None:
+    def _choose(self, pred: PagesPred | None, aside: list) -> tuple[str, Node] | None:
         """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
         (see :meth:`EvictionQueue.first` for ``aside``)."""
         if self.eviction == "marconi":
@@ -112,11 +113,11 @@ class EvictingAllocator:
             return "kv", a[1]  # type: ignore[index,return-value]
         return "state", b[1]  # type: ignore[return-value]
 
-    def _in_unpinned_slab(self, node: Node) -> bool:
-        """Evicting ``node`` brings a free block closer: one of its slabs holds only
-        evictable pages (no running request's page, cached or private)."""
+    def _in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
+        """Evicting a KV unit with these pages brings a free block closer: one of its slabs
+        holds only evictable pages (no running request's page, cached or private)."""
         ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
-        for p in node.pages:  # type: ignore[union-attr]
+        for p in pages:
             b = p // ppb
             if ev[b] == used[b]:
                 return True

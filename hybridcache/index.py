@@ -1,27 +1,31 @@
 """Prefix index: unit digest -> cached KV pages and state snapshot, with eviction.
 
-A :class:`Node` stands for one hash unit of one prefix (its digest names the whole prefix up
-to the unit's end). It may hold the unit's KV pages (one per attention group) and, at most,
-one state snapshot: the recurrent state after the unit's last token. The two are held and
-evicted separately (SGLang's separate KV/state locks and LRU lists):
+A hash unit of a prefix is named by its digest (which names the whole prefix up to the
+unit's end). It may have KV pages (one per attention group) and, at most, one state
+snapshot: the recurrent state after the unit's last token. The two are held and evicted
+separately (SGLang's separate KV/state locks and LRU lists):
 
-- ``kv_ref`` counts running requests whose block tables use the node's pages; only nodes
-  with ``kv_ref == 0`` can lose their KV.
-- ``snap_ref`` counts pending restores (a copy plan that reads the snapshot and has not run
-  yet); only snapshots with ``snap_ref == 0`` can be evicted.
+- KV lives in *runs* (units registered together, :mod:`hybridcache.runs`): ``kv`` maps
+  every digest with KV to its run. A run's holds count the running requests whose block
+  tables use its pages; only unheld units can lose their KV.
+- A :class:`Node` is a handle on one unit, made on demand: every snapshot has one (its
+  ``snap_ref`` counts pending restores, a copy plan that reads the snapshot and has not run
+  yet; only snapshots with ``snap_ref == 0`` can be evicted), and so does a KV unit that
+  someone asked for. Registering a request's new units makes no per-unit object: at 16
+  tokens per unit, objects per unit were the index's largest cost in time and in the
+  collector's work.
 
-Nodes live in a flat dict keyed by digest, not a tree: because digests are chained, a node
+Units live in flat dicts keyed by digest, not a tree: because digests are chained, a unit
 stays valid when an ancestor's KV is evicted (it becomes reachable again as soon as the
 ancestor is recomputed), exactly like vLLM's hash-keyed blocks. ``match`` walks digests from
 the first unit and stops at the first unit without KV.
 
-KV bookkeeping is per *run* (units registered together, :mod:`hybridcache.runs`); choosing
-victims and allocating under pressure is :mod:`hybridcache.eviction`.
+Choosing victims and allocating under pressure is :mod:`hybridcache.eviction`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from hybridcache.arena import Arena
 from hybridcache.eviction import EvictingAllocator, SlotBatch
@@ -37,56 +41,102 @@ from hybridcache.runs import (
     truncate_holds,
 )
 
-__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "deepest_snapshot", "path_holds", "truncate_holds"]
+__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitView", "path_holds", "truncate_holds"]
 
 Digest = bytes
 
 
 class Node:
-    """One hash unit of one cached prefix (see module docstring)."""
+    """A handle on one hash unit of one cached prefix, made on demand (module docstring).
+
+    It carries the unit's snapshot, if any (the state after the unit's last token); the
+    unit's KV, if any, lives in its run, found through the index's digest map, so a handle
+    never goes stale when runs shorten or split.
+    """
 
     __slots__ = (
-        "digest", "depth", "tenant", "pages", "snap", "snap_ref", "snap_hits", "snap_flops",
-        "run", "pos", "__weakref__",
+        "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "_kv",
+        "__weakref__",
     )
 
-    def __init__(
-        self,
-        digest: Digest,
-        depth: int,
-        tenant: str | None,
-        pages: tuple[int, ...] | None = None,
-        run: Run | None = None,
-        pos: int = 0,
-    ) -> None:
+    def __init__(self, digest: Digest, depth: int, tenant: str | None, kv: Mapping[Digest, Run]) -> None:
         self.digest = digest
         self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
         self.tenant = tenant
-        self.pages = pages
         self.snap = -1
         self.snap_ref = 0
         self.snap_hits = 0
         self.snap_flops = 0.0
-        self.run = run  # the run holding this unit's KV (None: no KV)
-        self.pos = pos  # position in ``run``
+        self._kv = kv  # the index's digest -> run map
+
+    @property
+    def run(self) -> Run | None:
+        """The run holding this unit's KV (``None``: no KV)."""
+        return self._kv.get(self.digest)
+
+    @property
+    def pos(self) -> int:
+        """Position in :attr:`run` (the unit must have KV)."""
+        return self.depth - self._kv[self.digest].first
+
+    @property
+    def pages(self) -> tuple[int, ...] | None:
+        """The unit's KV pages, one per attention group (``None``: no KV)."""
+        run = self._kv.get(self.digest)
+        return None if run is None else run.unit_pages(self.depth - run.first)
 
     @property
     def kv_ref(self) -> int:
         """Running requests whose block tables use this unit's pages."""
-        return self.run.ref(self.pos) if self.run is not None else 0
+        run = self._kv.get(self.digest)
+        return 0 if run is None else run.ref(self.depth - run.first)
 
     @property
     def kv_flops(self) -> float:
         """Prefill FLOPs this unit's KV saves (its run's value per unit)."""
-        return self.run.flops if self.run is not None else 0.0
+        run = self._kv.get(self.digest)
+        return 0.0 if run is None else run.flops
 
     @property
     def kv_hits(self) -> int:
         """Requests that reused this unit's KV (counted when their hit is served)."""
-        return self.run.hit_count(self.pos) if self.run is not None else 0
+        run = self._kv.get(self.digest)
+        return 0 if run is None else run.hit_count(self.depth - run.first)
 
     def __repr__(self) -> str:
         return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
+
+
+class UnitView(Mapping[Digest, Node]):
+    """Read-only ``digest -> Node`` over every cached unit (with KV, a snapshot or both).
+
+    For inspection and tests: looking a KV unit up makes its handle (kept, so the same
+    unit always gives the same node) and, without the unit's depth, finds its position in
+    its run by a scan. Hot paths use :attr:`PrefixIndex.kv` and :meth:`PrefixIndex.handle`.
+    """
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self._index = index
+
+    def __getitem__(self, digest: Digest) -> Node:
+        index = self._index
+        node = index.handles.get(digest)
+        if node is not None:
+            return node
+        run = index.kv[digest]
+        return index.handle(run, run.digests.index(digest))
+
+    def __contains__(self, digest: object) -> bool:
+        return digest in self._index.kv or digest in self._index.handles
+
+    def __iter__(self) -> Iterator[Digest]:
+        kv, handles = self._index.kv, self._index.handles
+        yield from kv
+        yield from (d for d in handles if d not in kv)
+
+    def __len__(self) -> int:
+        kv = self._index.kv
+        return len(kv) + sum(1 for d in self._index.handles if d not in kv)
 
 
 def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
@@ -94,7 +144,8 @@ def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
 
 
 class PrefixIndex(EvictingAllocator):
-    """Digest -> :class:`Node`, the two eviction queues and the arena they draw from."""
+    """Digest -> run (KV) and handle (snapshot), the two eviction queues and the arena they
+    draw from."""
 
     def __init__(
         self,
@@ -106,9 +157,15 @@ class PrefixIndex(EvictingAllocator):
         on_evict: Callable[[str, Node, int], None] | None = None,
     ) -> None:
         self.arena = arena
-        self.nodes: dict[Digest, Node] = {}
+        #: Every unit with KV -> its run (position: depth - run.first).
+        self.kv: dict[Digest, Run] = {}
+        #: Units that have a handle: every snapshot, and KV units someone asked for (a
+        #: victim, a per-unit queue's entry, a lookup). At most one handle per digest.
+        self.handles: dict[Digest, Node] = {}
+        #: Every unit as a ``digest -> Node`` mapping (see :class:`UnitView`).
+        self.nodes = UnitView(self)
         # Bumped whenever an entry is registered or evicted: a walk with an equal version
-        # would see exactly the same nodes, so callers may reuse it.
+        # would see exactly the same units, so callers may reuse it.
         self.version = 0
         self.eviction = eviction
         self._evictable_pages = [0] * arena.layout.num_blocks
@@ -130,11 +187,51 @@ class PrefixIndex(EvictingAllocator):
             self.snap_q: EvictionQueue = LRUQueue()
         elif eviction == "value":
             clock = Clock()
-            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes)  # type: ignore[assignment]
+            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes, self.handle)  # type: ignore[assignment]
             self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
+        self.kv_q.unit = self.handle  # per-unit queues key their entries by handle
+
+    # ------------------------------------------------------------------ units
+    def handle(self, run: Run, pos: int) -> Node:
+        """The handle of the unit at ``pos`` of ``run`` (made and kept on first use)."""
+        d = run.digests[pos]
+        node = self.handles.get(d)
+        if node is None:
+            node = self.handles[d] = Node(d, run.first + pos, run.tenant, self.kv)
+        return node
+
+    def unit(self, digests: Sequence[Digest], u: int) -> Node | None:
+        """The handle of unit ``u`` of a chain (``None`` if it has neither KV nor a snapshot)."""
+        d = digests[u]
+        node = self.handles.get(d)
+        if node is not None:
+            return node
+        run = self.kv.get(d)
+        return None if run is None else self.handle(run, u - run.first)
+
+    def chain_holds(self, digests: Sequence[Digest], lo: int, hi: int) -> list[Hold]:
+        """The holds that pin units ``[lo, hi)`` of a chain that have KV (others skipped):
+        one per run, up to the deepest of them in it."""
+        get = self.kv.get
+        holds: list[Hold] = []
+        cur: Run | None = None
+        end = 0
+        for u in range(lo, hi):
+            run = get(digests[u])
+            if run is None:
+                continue
+            if run is not cur:
+                if cur is not None:
+                    holds.append((cur, end))
+                cur, end = run, 0
+            if u - run.first >= end:
+                end = u - run.first + 1
+        if cur is not None:
+            holds.append((cur, end))
+        return holds
 
     # ------------------------------------------------------------------ holding
     def hold_path(self, nodes: Sequence[Node]) -> list[Hold]:
@@ -212,7 +309,7 @@ class PrefixIndex(EvictingAllocator):
         tables: Sequence[Sequence[int] | Mapping[int, int]],
         flops: float,
         after: Hold | None = None,
-    ) -> list[Node]:
+    ) -> tuple[Hold, int] | None:
         """Make the request's pages the cached KV of units ``first, first+1, ...`` before
         ``end``, stopping at the first unit that already has KV (a duplicate, which the
         caller handles).
@@ -229,40 +326,37 @@ class PrefixIndex(EvictingAllocator):
                 new end (a conversation's turns become one run); else they form a new run.
 
         Returns:
-            The registered nodes, in unit order, all in one run that the caller now holds
-            once up to the last of them: ``(nodes[0].run, nodes[-1].pos + 1)``.
+            ``(hold, count)``: the caller's hold on the units' run, which now covers it up
+            to the last of them, and how many were registered; ``None`` if none was (unit
+            ``first`` has KV already).
         """
-        nodes = self.nodes
-        get = nodes.get
-        one = tables[0] if len(tables) == 1 else None
+        kv = self.kv
+        if isinstance(digests, list):
+            ds = digests[first:end]
+            if not kv.keys().isdisjoint(ds):
+                ds = ds[: next(k for k, d in enumerate(ds) if d in kv)]
+        else:
+            ds = []
+            for i in range(first, end):
+                if digests[i] in kv:
+                    break
+                ds.append(digests[i])
+        if not ds:
+            return None
         run = self._extendable(after, digests, first, flops)
         fresh = run is None
         if fresh:
-            run = Run(flops, len(tables))
-        out: list[Node] = []
-        if isinstance(digests, list) and isinstance(one, list) and not any(map(get, digests[first:end])):
-            # Every unit is new (the common case): build the nodes in one comprehension.
-            ds = digests[first:end]
-            at = len(run.nodes)
-            out = [
-                Node(d, i, tenant, (p,), run, k)
-                for d, i, p, k in zip(ds, range(first, end), one[first:end], range(at, at + len(ds)))
-            ]
-            nodes.update(zip(ds, out))
-            placed = True
-        else:
-            out, placed = self._claim_units(digests, first, end, tenant, tables), False
-            ds = [n.digest for n in out]
-        if not out:
-            return out
+            run = Run(flops, len(tables), first, tenant)
         self.version += 1
-        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * len(out)
-        stop = first + len(out)
+        n = len(ds)
+        self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * n
+        stop = first + n
         per_group = [
             t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
             for t in tables
         ]
-        run.extend(out, ds, per_group, self._ppb, placed)
+        run.extend(ds, per_group, self._ppb)
+        kv.update(dict.fromkeys(ds, run))
         h = run.holds
         if not fresh:  # the caller's hold moves from the old end to the new one
             old = after[1]  # type: ignore[index]
@@ -271,34 +365,9 @@ class PrefixIndex(EvictingAllocator):
                 h[old] = c
             else:
                 del h[old]
-        run.held = len(run.nodes)
+        run.held = len(run.digests)
         h[run.held] = h.get(run.held, 0) + 1
-        return out
-
-    def _claim_units(
-        self,
-        digests: Sequence[Digest] | Mapping[int, Digest],
-        first: int,
-        end: int,
-        tenant: str | None,
-        tables: Sequence[Sequence[int] | Mapping[int, int]],
-    ) -> list[Node]:
-        """Nodes for units ``first..`` until one already has KV: new ones, or snapshot-only
-        ones that get their KV back (the general path of :meth:`register_kv_run`)."""
-        nodes, out = self.nodes, []
-        one = tables[0] if len(tables) == 1 else None
-        for i in range(first, end):
-            d = digests[i]
-            node = nodes.get(d)
-            pages = (one[i],) if one is not None else tuple(t[i] for t in tables)  # type: ignore[index]
-            if node is None:
-                node = nodes[d] = Node(d, i, tenant, pages)
-            elif node.pages is not None:
-                break
-            else:
-                node.pages = pages  # a snapshot-only node gets its KV back
-            out.append(node)
-        return out
+        return (run, run.held), n
 
     @staticmethod
     def _extendable(
@@ -309,17 +378,19 @@ class PrefixIndex(EvictingAllocator):
         if after is None:
             return None
         run, end = after
-        if end != len(run.nodes) or not end or run.flops != flops:
+        if end != len(run.digests) or not end or run.flops != flops:
             return None
-        tail = run.nodes[-1]
-        if tail.depth != first - 1 or run.digests[-1] != digests[first - 1]:
+        if run.first + end != first or run.digests[-1] != digests[first - 1]:
             return None
         return run
 
     def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
-        """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now)."""
+        """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now).
+
+        ``node`` is the unit's handle (:meth:`handle`, :meth:`unit`)."""
         self.version += 1
         assert node.snap < 0, "register_snapshot on a node that has a snapshot"
+        assert self.handles.get(node.digest) is node, "register_snapshot on a foreign handle"
         node.snap = slot
         node.snap_flops = flops
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
@@ -336,25 +407,28 @@ class PrefixIndex(EvictingAllocator):
     def evict_kv(self, node: Node) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
         self.version += 1
-        run = node.run
-        assert run is not None and node.pos >= run.held and node.pages is not None
+        run = self.kv[node.digest]
+        pos = node.depth - run.first
+        assert pos >= run.held
         self.kv_q.discard(node)
         ev, ppb, free_page = self._evictable_pages, self._ppb, self.arena.free_page
-        for p in node.pages:
+        for pages in run.pages:
+            p = pages[pos]
             ev[p // ppb] -= 1
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
-        node.pages = None
-        if node.pos == len(run.nodes) - 1:
+        del self.kv[node.digest]
+        tail = None
+        if pos == len(run.digests) - 1:
             pop_tail(run)
-            tail = None
         else:
-            tail = split(run, node.pos, self._ppb)
+            tail = split(run, pos, ppb)
         self.kv_q.run_changed(run)
         if tail is not None:
+            self.kv.update(dict.fromkeys(tail.digests, tail))
             self.kv_q.run_changed(tail)
         if node.snap < 0:
-            del self.nodes[node.digest]
+            del self.handles[node.digest]
 
     def evict_snapshot(self, node: Node, keep_slot: bool = False) -> int:
         """Drop ``node``'s snapshot (it must be unpinned).
@@ -374,14 +448,14 @@ class PrefixIndex(EvictingAllocator):
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
-        if node.pages is None:
-            del self.nodes[node.digest]
+        if node.digest not in self.kv:
+            del self.handles[node.digest]
         return slot if keep_slot else -1
 
     def _account(self, kind: str, node: Node, nbytes: int) -> None:
         """Count an eviction and call ``on_evict(kind, node, nbytes)``.
 
-        The hook runs after the arena freed the entry and before the node forgets it:
+        The hook runs after the arena freed the entry and before the index forgets it:
         ``node.pages`` / ``node.snap`` still name the freed pages / slot, whose bytes stay
         intact until the hook returns (an offload tier copies them out here). The hook must
         not call back into the index.
@@ -392,39 +466,55 @@ class PrefixIndex(EvictingAllocator):
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 
-    def kv_path(self, digests: list[Digest], max_units: int) -> tuple[list[Node], list[Hold]]:
-        """:meth:`kv_run` and the holds that cover it, one per run it crosses.
+    # ------------------------------------------------------------------ walks
+    def kv_path(self, digests: list[Digest], max_units: int) -> tuple[int, list[Hold]]:
+        """The longest prefix of a chain with KV (capped at ``max_units``) and the holds
+        that cover it, one per run it crosses.
 
         One dictionary look-up per run, not per unit. Digests are chained, so two paths
         that agree at one unit agree at every unit before it: from a run's first matching
         unit, the end of the stretch is found by comparing single digests (the stretch's
-        last one, else a binary search), never the units in between.
+        last one, else a binary search), never the units in between. For the same reason
+        the path enters every run at its first unit (the unit before it is in the run
+        before), so each hold ``(run, end)`` covers exactly the path's units in ``run``.
+
+        Returns:
+            ``(units, holds)``.
         """
-        get = self.nodes.get
+        get = self.kv.get
         n = min(len(digests), max_units)
-        path: list[Node] = []
         holds: list[Hold] = []
         i = 0
         while i < n:
-            node = get(digests[i])
-            if node is None or node.run is None:
+            run = get(digests[i])
+            if run is None:
                 break
-            run, p = node.run, node.pos
-            m = min(len(run.nodes) - p, n - i)
+            if run.first != i:
+                raise AssertionError(f"unit {i} found inside {run}: the digest map is corrupt")
+            m = min(len(run.digests), n - i)
             rd = run.digests
-            if m > 1 and rd[p + m - 1] != digests[i + m - 1]:
+            if m > 1 and rd[m - 1] != digests[i + m - 1]:
                 ok, bad = 1, m  # units [0, ok) agree, unit bad - 1 does not
                 while bad - ok > 1:
                     mid = (ok + bad) // 2
-                    if rd[p + mid - 1] == digests[i + mid - 1]:
+                    if rd[mid - 1] == digests[i + mid - 1]:
                         ok = mid
                     else:
                         bad = mid
                 m = ok
-            path += run.nodes[p : p + m]
-            holds.append((run, p + m))
+            holds.append((run, m))
             i += m
-        return path, holds
+        return i, holds
+
+    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, Node | None]:
+        """``(end, node)``: the deepest of the chain's first ``units`` units with a snapshot
+        (``(0, None)`` if none has one)."""
+        get = self.handles.get
+        for u in range(units - 1, -1, -1):
+            node = get(digests[u])
+            if node is not None and node.snap >= 0:
+                return u + 1, node
+        return 0, None
 
     def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
         """Longest KV run and deepest snapshot on it.
@@ -434,13 +524,5 @@ class PrefixIndex(EvictingAllocator):
             at ``max_units``), the end of the deepest of them that has a snapshot, and that
             node (``None`` if there is none).
         """
-        path = self.kv_path(digests, max_units)[0]
-        return (len(path), *deepest_snapshot(path))
-
-
-def deepest_snapshot(run: list[Node]) -> tuple[int, Node | None]:
-    """``(units, node)``: the end of the deepest node of ``run`` with a snapshot."""
-    for i in range(len(run) - 1, -1, -1):
-        if run[i].snap >= 0:
-            return i + 1, run[i]
-    return 0, None
+        units = self.kv_path(digests, max_units)[0]
+        return (units, *self.deepest_snapshot(digests, units))

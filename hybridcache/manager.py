@@ -30,7 +30,7 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Node, PrefixIndex, deepest_snapshot
+from hybridcache.index import Node, PrefixIndex
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
@@ -143,24 +143,25 @@ class HybridCacheManager(SavePointControl):
         req = self._get(request_id)
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
-        kv_units, snap_units, _, _, _ = self._walk(req)
+        kv_units, snap_units, _, _ = self._walk(req)
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
-    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Node], list[Hold]]:
+    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Hold]]:
         """The index walk for ``req``, reused while neither the index nor the request changed.
 
         ``add_request`` matches and the first ``allocate`` applies the match, usually with
         nothing registered or evicted in between: the walk is then done once, not twice.
 
         Returns:
-            ``(kv_units, snap_units, snap_node, path, holds)``: see :meth:`PrefixIndex.walk`;
-            ``path`` and ``holds`` are :meth:`PrefixIndex.kv_path`.
+            ``(kv_units, snap_units, snap_node, holds)``: see :meth:`PrefixIndex.walk`;
+            ``holds`` are those of :meth:`PrefixIndex.kv_path`.
         """
         key = (self.index.version, req.num_tokens)
         if req.walk is None or req.walk[0] != key:
-            path, holds = self.index.kv_path(req.hasher.digests, (req.num_tokens - 1) // self.unit)
-            req.walk = (key, (len(path), *deepest_snapshot(path), path, holds))
+            index, digests = self.index, req.hasher.digests
+            units, holds = index.kv_path(digests, (req.num_tokens - 1) // self.unit)
+            req.walk = (key, (units, *index.deepest_snapshot(digests, units), holds))
         return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -250,15 +251,14 @@ class HybridCacheManager(SavePointControl):
     def _begin(self, req: Request) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        kv_units, snap_units, snap_node, path, holds = self._walk(req)
+        kv_units, snap_units, snap_node, holds = self._walk(req)
         hit_units = snap_units if self.has_state else kv_units
-        held = path[:hit_units]
-        holds = truncate_holds(path, holds, hit_units)
+        holds = truncate_holds(holds, hit_units)
         self.index.hold_runs(holds)
-        req.nodes = held
+        req.units = hit_units
         req.hit_holds = holds
         req.holds = list(holds)
-        req.pages = hold_tables(held, holds, len(self.groups))
+        req.pages = hold_tables(holds, len(self.groups))
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
@@ -405,20 +405,18 @@ class HybridCacheManager(SavePointControl):
 
     def _register_units(self, req: Request, full_units: int) -> None:
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        nodes, registered, i = req.nodes, 0, len(req.nodes)
-        get = index.nodes.get
+        registered, i = 0, req.units
+        kv = index.kv
         while i < full_units:
-            dups = []
-            while i + len(dups) < full_units:
-                node = get(digests[i + len(dups)])
-                if node is None or node.pages is None:
-                    break
-                dups.append(node)
-            if dups:  # computed meanwhile by another request: keep our private pages, hold theirs
-                req.holds += index.hold_path(dups)
-                req.dup_pages.extend(range(i, i + len(dups)))
-                nodes += dups
-                i += len(dups)
+            j = i
+            while j < full_units and digests[j] in kv:
+                j += 1
+            if j > i:  # computed meanwhile by another request: keep our private pages, hold theirs
+                dups = index.chain_holds(digests, i, j)
+                index.hold_runs(dups)
+                req.holds += dups
+                req.dup_pages.extend(range(i, j))
+                i = req.units = j
                 continue
             end = full_units
             if quota is not None:
@@ -430,22 +428,22 @@ class HybridCacheManager(SavePointControl):
             # Depth-independent value: a prefix's head must never rank below its tail,
             # or value eviction drops heads first and strands unreachable tails.
             last = req.holds[-1] if req.holds else None
-            run = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops, last)
-            hold = (run[0].run, run[-1].pos + 1)
+            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops, last)
+            assert got is not None, "unit without KV registered by no one"
+            hold, n = got
             if last is not None and hold[0] is last[0]:
                 req.holds[-1] = hold  # the new units extended the run we held
             else:
-                req.holds.append(hold)  # type: ignore[arg-type]
-            nodes += run
-            i += len(run)
-            registered += len(run) * len(req.pages)
+                req.holds.append(hold)
+            i = req.units = i + n
+            registered += n * len(req.pages)
         self.metrics.kv_pages_registered += registered
 
     def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
         u = boundary // self.unit
-        node = req.nodes[u - 1] if u - 1 < len(req.nodes) else None
+        node = self.index.unit(req.hasher.digests, u - 1) if u - 1 < req.units else None
         quota = self._quota(req.tenant)
-        if node is None or node.pages is None or node.snap >= 0:
+        if node is None or node.run is None or node.snap >= 0:
             self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return
         if quota is not None and self.index.tenant_bytes.get(req.tenant, 0) + self.index.snap_bytes > quota:
@@ -465,10 +463,13 @@ class HybridCacheManager(SavePointControl):
         concurrently with the same prompt need it) and goes first under pressure. Branch
         points (the prompt was a repeat already) keep their rank.
         """
-        nodes, b = req.nodes, (req.prompt_len - 1) // self.unit * self.unit
-        if not 0 < b < turn_end <= len(nodes) * self.unit or req.kv_hit_tokens >= b:
+        b = (req.prompt_len - 1) // self.unit * self.unit
+        if not 0 < b < turn_end <= req.units * self.unit or req.kv_hit_tokens >= b:
             return
-        node, end_node = nodes[b // self.unit - 1], nodes[turn_end // self.unit - 1]
+        get, digests = self.index.handles.get, req.hasher.digests
+        node, end_node = get(digests[b // self.unit - 1]), get(digests[turn_end // self.unit - 1])
+        if node is None or end_node is None:
+            return
         if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
             self.index.demote_snapshot(node)
 
@@ -519,7 +520,7 @@ class HybridCacheManager(SavePointControl):
                 self.arena.free_slot(s)
                 self.metrics.snapshots_rejected += 1
         req.num_allocated = end
-        keep_units = max(-(-end // self.unit), len(req.nodes))
+        keep_units = max(-(-end // self.unit), req.units)
         for t in req.pages:
             for p in t[keep_units:]:
                 self.arena.free_page(p)
@@ -553,7 +554,7 @@ class HybridCacheManager(SavePointControl):
         if req.slot >= 0:
             self.arena.free_slot(req.slot)
         for t in req.pages:
-            for p in t[len(req.nodes) : req.units_allocated]:
+            for p in t[req.units : req.units_allocated]:
                 self.arena.free_page(p)
         for i in req.dup_pages:
             for t in req.pages:
@@ -585,4 +586,4 @@ class HybridCacheManager(SavePointControl):
         return m
 
     def cached_snapshot_slots(self) -> set[int]:
-        return {n.snap for n in self.index.nodes.values() if n.snap >= 0}
+        return {n.snap for n in self.index.handles.values() if n.snap >= 0}

@@ -101,17 +101,21 @@ class EvictionQueue:
     def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
         raise NotImplementedError
 
+    #: The index's handle maker ``(run, pos) -> Node``: a per-unit queue keys its entries by
+    #: the units' handles (set by the index).
+    unit: Callable[[Any, int], Any]
+
     def hold_range(self, run: Any, lo: int, hi: int) -> None:
         """Units ``[lo, hi)`` of ``run`` became held."""
-        for node in run.nodes[lo:hi]:
-            self.hold(node)
+        for pos in range(lo, hi):
+            self.hold(self.unit(run, pos))
 
     def release_range(self, run: Any, lo: int, hi: int, tick: int, nbytes: int) -> None:
         """Units ``[lo, hi)`` of ``run`` became evictable; deepest first, so that under LRU
         the tail of a prefix goes before its head."""
         flops = run.flops
-        for node in reversed(run.nodes[lo:hi]):
-            self.add(node, tick, flops, nbytes, 0)
+        for pos in range(hi - 1, lo - 1, -1):
+            self.add(self.unit(run, pos), tick, flops, nbytes, 0)
 
     def on_release(self, run: Any, end: int) -> None:
         """A hold of units ``[0, end)`` of ``run`` was released (some may stay held)."""
@@ -129,8 +133,8 @@ class EvictionQueue:
     def peek(self) -> tuple[float, object] | None:
         raise NotImplementedError
 
-    def first(self, pred: Callable[[object], bool], aside: list) -> tuple[float, object] | None:
-        """The lowest-ranked entry satisfying ``pred`` (left in the queue), or ``None``.
+    def first(self, pred: Callable[[Any], bool], aside: list) -> tuple[float, object] | None:
+        """The lowest-ranked entry whose pages satisfy ``pred`` (left in the queue), or ``None``.
 
         Lower-ranked entries that fail ``pred`` are moved into ``aside`` so that a caller
         evicting many victims under the same ``pred`` scans each of them once; the caller
@@ -181,7 +185,7 @@ class LRUQueue(EvictionQueue):
     def first(self, pred, aside):
         od, found, skipped = self._od, None, []
         for item, tick in od.items():
-            if pred(item):
+            if pred(item.pages):  # type: ignore[attr-defined]
                 found = (float(tick), item)
                 break
             skipped.append((item, tick))

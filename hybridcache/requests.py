@@ -16,14 +16,14 @@ from hybridcache.policy import AdmissionPolicy
 class Request:
     """State of one live request.
 
-    Units ``[0, len(nodes))`` are registered (their pages belong to cached nodes the request
-    holds; for duplicates, listed in ``dup_pages``, the request computed its own copy and
-    keeps it private). Units ``[len(nodes), units_allocated)`` have private pages.
+    Units ``[0, units)`` are registered (their pages belong to cached units the request
+    holds through ``holds``; for duplicates, listed in ``dup_pages``, the request computed
+    its own copy and keeps it private). Units ``[units, units_allocated)`` have private pages.
     """
 
     __slots__ = (
         "id", "hasher", "tenant", "num_tokens", "prompt_len", "allocated", "counted",
-        "nodes", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
+        "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
     )
@@ -40,7 +40,7 @@ class Request:
         """Back to 'waiting': nothing held, nothing allocated."""
         self.allocated = False
         self.counted = False
-        self.nodes: list[Node] = []
+        self.units = 0
         self.pages: list[list[int]] = []
         self.units_allocated = 0
         self.dup_pages: list[int] = []
@@ -57,8 +57,8 @@ class Request:
         self.num_allocated = 0
         self.step_start = 0
         self.snap_marks: list[int] = []
-        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list[Node], list]] | None = None
-        # Run holds (see hybridcache.runs) covering ``nodes``, released at free; the first
+        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list]] | None = None
+        # Run holds (see hybridcache.runs) covering units ``[0, units)``, released at free; the first
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []
         self.hit_holds: list = []

@@ -35,19 +35,30 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from hybridcache.index import Node
 
+#: Makes (or finds) the handle of the unit at a position of a run (``PrefixIndex.handle``).
+UnitOf = Callable[["Run", int], "Node"]
+#: A victim filter on a unit's pages, one per attention group.
+PagesPred = Callable[[tuple[int, ...]], bool]
+
 
 class Run:
-    """Consecutive units of one chain, registered together (see module docstring)."""
+    """Consecutive units of one chain, registered together (see module docstring).
+
+    A unit of a run is ``(run, pos)``; no per-unit object exists unless someone asks for
+    one (:meth:`PrefixIndex.handle <hybridcache.index.PrefixIndex.handle>`). Its digest is
+    ``digests[pos]``, its page in group ``g`` is ``pages[g][pos]`` and its depth (unit index
+    in the chain) is ``first + pos``: a run's units have consecutive depths.
+    """
 
     __slots__ = (
-        "nodes", "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops",
+        "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops", "first", "tenant",
         "qseq", "qprio",
     )
 
-    def __init__(self, flops: float, groups: int) -> None:
-        """An empty run; :meth:`extend` adds its units."""
-        self.nodes: list[Node] = []
-        self.digests: list[bytes] = []  # for walks: one compare per stretch
+    def __init__(self, flops: float, groups: int, first: int, tenant: str | None) -> None:
+        """An empty run whose first unit will be unit ``first`` of its chain; :meth:`extend`
+        adds its units."""
+        self.digests: list[bytes] = []
         self.pages: list[list[int]] = [[] for _ in range(groups)]  # per group, by position
         self.segs: list[tuple[list[int], list[int]]] = [([], []) for _ in range(groups)]
         # Keyed by hold end, never past the run's length (ends are folded as it shrinks):
@@ -58,47 +69,45 @@ class Run:
         # priorities in release order, as a per-unit heap ranks them in push order.
         self.rel: dict[int, tuple[float, int]] = {}
         self.flops = flops
+        self.first = first
+        self.tenant = tenant
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
 
     @classmethod
-    def of(cls, nodes: list[Node], pages: list[list[int]], flops: float, ppb: int) -> Run:
-        """A run of ``nodes`` (consecutive units) whose pages per group are ``pages``."""
-        run = cls(flops, len(pages))
-        run.extend(nodes, [n.digest for n in nodes], pages, ppb)
+    def of(
+        cls, digests: list[bytes], pages: list[list[int]], flops: float, ppb: int, first: int,
+        tenant: str | None,
+    ) -> Run:
+        """A run of the units ``digests`` (consecutive, from depth ``first``) whose pages per
+        group are ``pages``."""
+        run = cls(flops, len(pages), first, tenant)
+        run.extend(digests, pages, ppb)
         return run
 
     def __len__(self) -> int:
-        return len(self.nodes)
+        return len(self.digests)
 
     def __repr__(self) -> str:
-        return f"Run(len={len(self.nodes)}, held={self.held}, holds={self.holds})"
+        return f"Run(first={self.first}, len={len(self.digests)}, held={self.held}, holds={self.holds})"
 
-    def extend(
-        self,
-        nodes: list[Node],
-        digests: list[bytes],
-        pages: list[list[int]],
-        ppb: int,
-        placed: bool = False,
-    ) -> None:
+    def extend(self, digests: list[bytes], pages: list[list[int]], ppb: int) -> None:
         """Append units that continue the run's chain (a new run, or one whose whole length
         the registering request holds, so every path to the new units crosses it).
 
         Args:
-            nodes, digests: the units and their digests, in order.
+            digests: the units' digests, in order.
             pages: per attention group, the units' pages.
             ppb: pages per arena block (for the block segments).
-            placed: the nodes already name this run and their positions.
         """
-        if not placed:
-            for i, n in enumerate(nodes, len(self.nodes)):
-                n.run, n.pos = self, i
-        self.nodes += nodes
         self.digests += digests
         for pl, new, (starts, blocks) in zip(self.pages, pages, self.segs):
             add_segments(starts, blocks, new, len(pl), ppb)
             pl += new
+
+    def unit_pages(self, pos: int) -> tuple[int, ...]:
+        """The pages of the unit at ``pos``, one per group."""
+        return tuple(p[pos] for p in self.pages)
 
     def ref(self, pos: int) -> int:
         """Holds covering the unit at ``pos`` (its reference count)."""
@@ -148,7 +157,7 @@ def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int
 def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> None:
     """Add ``delta`` to ``counts[block]`` for every page of the units at ``[lo, hi)``, in
     every group: one step per block segment, not per page."""
-    n_units = len(run.nodes)
+    n_units = len(run.digests)
     for starts, blocks in run.segs:
         i = bisect_right(starts, lo) - 1
         n = len(starts)
@@ -161,11 +170,10 @@ def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> N
             i += 1
 
 
-def pop_tail(run: Run) -> Node:
-    """Remove the run's last unit; returns its node (detached)."""
-    node = run.nodes.pop()
-    run.digests.pop()
-    n = len(run.nodes)
+def pop_tail(run: Run) -> bytes:
+    """Remove the run's last unit; returns its digest."""
+    digest = run.digests.pop()
+    n = len(run.digests)
     # Keep every hit / release end within the run (touch() reads the tail's in O(1)).
     if n + 1 in run.hits:
         run.hits[n] = run.hits.get(n, 0) + run.hits.pop(n + 1)
@@ -177,17 +185,15 @@ def pop_tail(run: Run) -> Node:
         while starts and starts[-1] >= n:
             starts.pop()
             blocks.pop()
-    node.run = None
-    return node
+    return digest
 
 
 def split(run: Run, j: int, ppb: int) -> Run | None:
     """Remove the unit at ``j`` (unpinned: ``j >= run.held``); units past it move to a new
     run, returned (``None`` if there are none). Hold ends are all ``<= j`` and stay."""
-    node = run.nodes[j]
-    tail_nodes = run.nodes[j + 1 :]
+    tail_digests = run.digests[j + 1 :]
     tail_pages = [p[j + 1 :] for p in run.pages]
-    del run.nodes[j:], run.digests[j:]
+    del run.digests[j:]
     for p in run.pages:
         del p[j:]
     run.segs = [block_segments(p, ppb) for p in run.pages]
@@ -197,11 +203,10 @@ def split(run: Run, j: int, ppb: int) -> Run | None:
         run.hits[min(end, j)] = run.hits.get(min(end, j), 0) + c
     for end, v in rel.items():
         run.rel[min(end, j)] = max(run.rel.get(min(end, j), v), v)
-    node.run = None
-    if not tail_nodes:
+    if not tail_digests:
         return None
-    tail = Run.of(tail_nodes, tail_pages, run.flops, ppb)
     cut = j + 1
+    tail = Run.of(tail_digests, tail_pages, run.flops, ppb, run.first + cut, run.tenant)
     tail.hits = {end - cut: c for end, c in hits.items() if end > cut}
     tail.rel = {end - cut: v for end, v in rel.items() if end > cut}
     return tail
@@ -218,8 +223,16 @@ class RunValueQueue:
     a tail's priority may have changed, and stale or pinned ones are dropped at the top.
     """
 
-    def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
+    def __init__(self, clock: Clock, scale: float, nbytes: int, unit: UnitOf) -> None:
+        """Args:
+            clock: the aging clock shared with the snapshot queue.
+            scale: FLOPs per byte of one priority unit.
+            nbytes: bytes of one KV unit.
+            unit: the index's handle maker, for the victims :meth:`peek` and :meth:`first`
+                return (only victims get a handle, not every queued unit).
+        """
         self._clock = clock
+        self._unit = unit
         self._per = 1.0 / (nbytes or 1) / scale
         # (priority, release number, entry id, run): equal priorities go in release order
         # (a run's units released together drain tail first, before later releases).
@@ -228,8 +241,8 @@ class RunValueQueue:
         self._order = 0
         # During a slot allocation (first() with a predicate): for each run set aside, its
         # deepest unpinned unit that satisfies the predicate, (priority, order, entry id,
-        # position, node). Dropped by put_back().
-        self._cands: list[tuple[float, int, int, int, Node]] = []
+        # position, digest, run). Dropped by put_back().
+        self._cands: list[tuple[float, int, int, int, bytes, Run]] = []
         self._rescan: list[Run] = []  # runs that lost an offered unit: offer the next one
         self._live = 0  # runs with a current entry (qseq != 0)
 
@@ -251,7 +264,7 @@ class RunValueQueue:
     # ----------------------------------------------------------------- ranking
     def _base(self, run: Run, pos: int) -> tuple[float, int]:
         """``(priority base, release number)`` of the unit at ``pos``: its last release."""
-        if pos == len(run.nodes) - 1:  # the tail: ends never pass the run's length
+        if pos == len(run.digests) - 1:  # the tail: ends never pass the run's length
             return run.rel.get(pos + 1, (self._clock.value, 0))
         return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
 
@@ -262,11 +275,15 @@ class RunValueQueue:
         """Current priority of any KV unit (the queue itself only ranks tails)."""
         run = node.run
         assert run is not None, "priority of a node without KV"
-        return self._value(self._base(run, node.pos)[0], run.hit_count(node.pos), run.flops)
+        return self.unit_priority(run, node.depth - run.first)
+
+    def unit_priority(self, run: Run, pos: int) -> float:
+        """:meth:`priority` of the unit at ``pos`` of ``run``."""
+        return self._value(self._base(run, pos)[0], run.hit_count(pos), run.flops)
 
     def touch(self, run: Run) -> None:
         """(Re)queue the run's tail at its current priority if it is evictable."""
-        n = len(run.nodes)
+        n = len(run.digests)
         if not n or run.held >= n:
             return
         base, order = self._base(run, n - 1)
@@ -293,7 +310,7 @@ class RunValueQueue:
             _, _, seq, run = heap[0]
             if run.qseq != seq:
                 heapq.heappop(heap)
-            elif not run.nodes or run.held >= len(run.nodes):
+            elif run.held >= len(run.digests):
                 heapq.heappop(heap)
                 run.qseq = 0  # pinned tail: requeued by touch() on release
                 self._live -= 1
@@ -305,9 +322,9 @@ class RunValueQueue:
         if not self._heap:
             return None
         prio, _, _, run = self._heap[0]
-        return prio, run.nodes[-1]
+        return prio, self._unit(run, len(run.digests) - 1)
 
-    def first(self, pred: Callable[[Node], bool], aside: list) -> tuple[float, Node] | None:
+    def first(self, pred: PagesPred, aside: list) -> tuple[float, Node] | None:
         """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
 
         A run set aside still offers its deepest unpinned unit that satisfies ``pred``
@@ -318,37 +335,41 @@ class RunValueQueue:
         heap, cands = self._heap, self._cands
         while True:
             for run in self._rescan:
-                self._offer(run, pred, len(run.nodes) - 1)
+                self._offer(run, pred, len(run.digests) - 1)
             self._rescan.clear()
             self._clean()
             while cands and not self._valid_cand(cands[0]):
                 heapq.heappop(cands)
             if cands and (not heap or cands[0][:2] <= heap[0][:2]):
-                return cands[0][0], cands[0][4]
+                c = cands[0]
+                return c[0], self._unit(c[5], c[3])
             if not heap:
                 return None
             prio, order, seq, run = heap[0]
-            if pred(run.nodes[-1]):
-                return prio, run.nodes[-1]
+            tail = len(run.digests) - 1
+            if pred(run.unit_pages(tail)):
+                return prio, self._unit(run, tail)
             aside.append(heapq.heappop(heap))
-            self._offer(run, pred, len(run.nodes) - 2)
+            self._offer(run, pred, tail - 1)
 
-    def _offer(self, run: Run, pred: Callable[[Node], bool], start: int) -> None:
+    def _offer(self, run: Run, pred: PagesPred, start: int) -> None:
         """Offer the deepest unpinned unit at or above ``start`` that satisfies ``pred``."""
         if not run.qseq:
             return
-        nodes = run.nodes
         for pos in range(start, run.held - 1, -1):
-            if pred(nodes[pos]):
-                cand = (self.priority(nodes[pos]), self._base(run, pos)[1], run.qseq, pos, nodes[pos])
+            if pred(run.unit_pages(pos)):
+                prio = self.unit_priority(run, pos)
+                cand = (prio, self._base(run, pos)[1], run.qseq, pos, run.digests[pos], run)
                 heapq.heappush(self._cands, cand)
                 return
 
     @staticmethod
-    def _valid_cand(cand: tuple[float, int, int, int, Node]) -> bool:
-        node = cand[4]
-        run = node.run
-        return run is not None and run.qseq == cand[2] and node.pos == cand[3] and cand[3] >= run.held
+    def _valid_cand(cand: tuple[float, int, int, int, bytes, Run]) -> bool:
+        """The offered unit is still unpinned at its place (its run was not split or
+        shortened past it, nor requeued)."""
+        _, _, seq, pos, digest, run = cand
+        d = run.digests
+        return run.qseq == seq and run.held <= pos < len(d) and d[pos] == digest
 
     def put_back(self, aside: list) -> None:
         for entry in aside:
@@ -364,7 +385,7 @@ class RunValueQueue:
         """``node`` (a queued tail, or a unit :meth:`first` offered) is being evicted: age
         the clock to its priority."""
         run = node.run
-        if run is not None and node.pos < len(run.nodes) - 1:
+        if run is not None and node.depth - run.first < len(run.digests) - 1:
             prio = self.priority(node)
             if prio > self._clock.value:
                 self._clock.value = prio
@@ -404,11 +425,10 @@ def path_holds(nodes: Sequence[Node]) -> list[Hold]:
     return holds
 
 
-def hold_tables(held: Sequence[Node], holds: Sequence[Hold], groups: int) -> list[list[int]]:
-    """Block tables, per attention group, of ``held`` (a path's first units) covered by
-    ``holds``: slices of each run's page lists, not one look-up per unit."""
-    if sum(end for _, end in holds) != len(held):  # a hold not from a run's start
-        return [[n.pages[g] for n in held] for g in range(groups)]  # type: ignore[index]
+def hold_tables(holds: Sequence[Hold], groups: int) -> list[list[int]]:
+    """Block tables, per attention group, of a walked path's units: the path crosses each
+    run of ``holds`` from its first unit (:meth:`PrefixIndex.kv_path`), so the tables are
+    slices of the runs' page lists, not one look-up per unit."""
     tables: list[list[int]] = [[] for _ in range(groups)]
     for run, end in holds:
         for t, pages in zip(tables, run.pages):
@@ -416,18 +436,14 @@ def hold_tables(held: Sequence[Node], holds: Sequence[Hold], groups: int) -> lis
     return tables
 
 
-def truncate_holds(path: Sequence[Node], holds: Sequence[Hold], units: int) -> list[Hold]:
-    """The holds of ``path`` (as :meth:`PrefixIndex.kv_path` returns them) cut to its first
-    ``units`` units."""
-    if units >= len(path):
-        return list(holds)
-    if units <= 0:
-        return []
-    last = path[units - 1]
+def truncate_holds(holds: Sequence[Hold], units: int) -> list[Hold]:
+    """The holds of a walked path (as :meth:`PrefixIndex.kv_path` returns them) cut to its
+    first ``units`` units."""
     out: list[Hold] = []
+    left = units
     for run, end in holds:
-        if run is last.run:
-            out.append((run, last.pos + 1))
+        if left <= 0:
             break
-        out.append((run, end))
+        out.append((run, end if end <= left else left))
+        left -= end
     return out

@@ -47,6 +47,7 @@ from hybridcache.errors import OutOfSpaceError
 from hybridcache.hashing import MultiModalItem
 from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
 from hybridcache.requests import admission_points
+from hybridcache.runs import hold_tables
 from hybridcache.spec import FlopModel
 
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
@@ -196,7 +197,7 @@ class HybridKVCacheManager:
         slot = mreq.saves.get(n) if self.mamba_ids and n % self.block_size == 0 else None
         if slot is None:
             return
-        node = self.manager.index.nodes.get(mreq.hasher.digests[n // self.block_size - 1])
+        node = self.manager.index.handles.get(mreq.hasher.digests[n // self.block_size - 1])
         if self.manager.config.tenant_quotas or (node is not None and node.snap >= 0):
             tr.held.append((n, mreq.saves.pop(n)))
             self.stats_counters.live_saves_held += 1
@@ -214,7 +215,7 @@ class HybridKVCacheManager:
             return
         u = n // self.block_size - 1
         mreq = self.manager.requests[tr.request.request_id]
-        node = self.manager.index.nodes.get(mreq.hasher.digests[u]) if u >= 0 else None
+        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if u >= 0 else None
         if node is not None and node.snap >= 0 and node.snap == tr.cols[u]:
             self.manager.index.pin_snapshot(node)
             tr.pinned.append((n, node))
@@ -299,13 +300,17 @@ class HybridKVCacheManager:
 
     def _hit_blocks(self, rid: str, hit: int) -> KVCacheBlocks:
         mreq = self.manager.requests[rid]
-        nodes = [self.manager.index.nodes[d] for d in mreq.hasher.digests[: hit // self.block_size]]
+        index, digests, units = self.manager.index, mreq.hasher.digests, hit // self.block_size
+        found, holds = index.kv_path(digests, units)
+        assert found == units, "hit blocks asked for past the cached path"
+        pages = hold_tables(holds, len(self.attn_ids))
         tables: list[list[int]] = [[] for _ in range(self.num_groups)]
         for k, gid in enumerate(self.attn_ids):
-            tables[gid] = [n.pages[k] for n in nodes]  # type: ignore[index]
-        snap = nodes[-1].snap
-        for j, gid in enumerate(self.mamba_ids):
-            tables[gid] = [0] * (len(nodes) - 1) + [self._state_blocks(snap, j)]
+            tables[gid] = pages[k]
+        if self.mamba_ids:
+            snap = index.handles[digests[units - 1]].snap
+            for j, gid in enumerate(self.mamba_ids):
+                tables[gid] = [0] * (units - 1) + [self._state_blocks(snap, j)]
         return self._kv_blocks(tables)
 
     def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
@@ -586,7 +591,7 @@ class HybridKVCacheManager:
         mreq = self.manager.requests.get(request.request_id)
         if mreq is None:
             return 0
-        return min(len(mreq.nodes) * self.block_size, request.num_prompt_tokens)
+        return min(mreq.units * self.block_size, request.num_prompt_tokens)
 
     def num_free_blocks(self) -> int:
         arena = self.manager.arena

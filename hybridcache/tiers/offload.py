@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hybridcache.index import Node
+from hybridcache.index import Hold, Node
 from hybridcache.manager import HybridCacheManager
 from hybridcache.requests import Request
 from hybridcache.storage import ArenaStorage
@@ -77,7 +77,7 @@ class _Probe:
 class _Work:
     """Resources a prefetch holds until it registers them (or gives them back)."""
 
-    held: list[Node] = field(default_factory=list)  # device KV on the path, and new nodes
+    held: list[Hold] = field(default_factory=list)  # device KV on the path, and new runs
     pinned: list[Node] = field(default_factory=list)
     pages: dict[int, tuple[int, ...]] = field(default_factory=dict)  # unit -> private pages
     slot: int = -1  # reserved before the KV, so a full arena still fits a snapshot
@@ -257,7 +257,7 @@ class OffloadCoordinator:
         return covered is None or covered
 
     def _has_snapshot(self, tenant: str | None, digest: bytes) -> bool:
-        node = self.manager.index.nodes.get(digest)
+        node = self.manager.index.handles.get(digest)
         if node is not None and node.snap >= 0:
             return True
         return self._is_stored(self.keys.snap(tenant, digest))
@@ -342,7 +342,7 @@ class OffloadCoordinator:
     ) -> _Probe:
         """Walk units past the device hit in doubling windows, one ``contains_many`` per
         tier and window, until a unit's KV is nowhere."""
-        nodes = self.manager.index.nodes
+        kv, handles = self.manager.index.kv, self.manager.index.handles
         has_state, has_kv = self.manager.has_state, bool(self.io.groups)
         probe = _Probe(reach=dev_hit)
         pos, step = dev_hit, self.probe_batch
@@ -352,8 +352,8 @@ class OffloadCoordinator:
             what: list[tuple[int, bool]] = []
             dev_snap: set[int] = set()
             for i in range(pos, end):
-                node = nodes.get(digests[i])
-                if node is None or node.pages is None:
+                node = handles.get(digests[i])
+                if digests[i] not in kv:
                     if has_kv:
                         keys.append(self.keys.kv(tenant, digests[i]))
                         what.append((i, False))
@@ -394,12 +394,9 @@ class OffloadCoordinator:
     ) -> None:
         """Keep the device part of the path from being evicted by our own allocations."""
         index = self.manager.index
-        nodes = index.nodes
-        work.held = [
-            n for d in digests[:target] if (n := nodes.get(d)) is not None and n.pages is not None
-        ]
-        index.hold_path(work.held)
-        pins = [nodes[digests[b - 1]] for b, src in probe.snaps if src == DEVICE and b <= target]
+        work.held = index.chain_holds(digests, 0, target)
+        index.hold_runs(work.held)
+        pins = [index.handles[digests[b - 1]] for b, src in probe.snaps if src == DEVICE and b <= target]
         if snap_node is not None:
             pins.append(snap_node)
         for node in pins:
@@ -481,9 +478,9 @@ class OffloadCoordinator:
                 j += 1
             pages = {u: work.pages.pop(u, None) or () for u in range(i, j)}
             tables = [{u: p[g] for u, p in pages.items()} for g in range(groups)]
-            nodes = index.register_kv_run(digests, i, j, req.tenant, tables, self._unit_flops)
-            assert len(nodes) == j - i, "loaded a unit that has KV on the device"
-            work.held.extend(nodes)  # registered with one reference: released below
+            got = index.register_kv_run(digests, i, j, req.tenant, tables, self._unit_flops)
+            assert got is not None and got[1] == j - i, "loaded a unit that has KV on the device"
+            work.held.append(got[0])  # registered with one reference: released below
             loaded += [u for u, p in pages.items() if p]
             i = j
         return loaded
@@ -507,15 +504,16 @@ class OffloadCoordinator:
         nbytes = len(loaded) * self.io.kv_bytes
         snapshot = None
         if work.snap_loaded:
-            node = index.nodes[digests[final - 1]]
+            node = index.unit(digests, final - 1)
+            assert node is not None
             index.register_snapshot(node, work.slot, self._snapshot_flops(dev_hit, final), tick)
             work.slot, work.snap_loaded = -1, False
             snapshot = final * unit
             nbytes += self.io.state_span
             met.loaded_snapshots += 1
-        path = sorted(work.held, key=lambda n: n.depth)
+        holds = sorted(work.held, key=lambda h: h[0].first)  # released deepest first
         work.held = []
-        index.release_path(path, tick)
+        index.release_runs(holds, tick)
         met.loaded_kv += len(loaded)
         met.loaded_bytes += nbytes
         met.prefetch_hits += 1
@@ -554,7 +552,7 @@ class OffloadCoordinator:
             self.metrics.load_discarded += work.snap_loaded
             work.slot, work.snap_loaded = -1, False
         if work.held:
-            m.index.release_path(work.held, m.tick)
+            m.index.release_runs(work.held, m.tick)
             work.held = []
         for node in work.pinned:
             m.index.unpin_snapshot(node, m.tick)

@@ -46,26 +46,35 @@ def spec() -> ModelSpec:
 
 
 def check_runs_and_ranks(m: HybridCacheManager) -> None:
-    """Run bookkeeping agrees with a per-node recount; the value queue's top is the
-    lowest priority of any evictable unit (the tail of a run is its minimum)."""
+    """Run bookkeeping agrees with a per-unit recount; the value queue's top is the lowest
+    priority of any evictable unit (the tail of a run is its minimum). Reads the index
+    without making handles, so the check does not change what it checks."""
     index = m.index
-    used = {id(n) for req in m.requests.values() for n in req.nodes}
+    used = {d for req in m.requests.values() for d in req.hasher.digests[: req.units]}
     ppb = max(m.layout.pages_per_block, 1)
     evictable = [0] * m.layout.num_blocks
-    kv = [n for n in index.nodes.values() if n.pages is not None]
-    for node in kv:
-        run = node.run
-        assert run is not None and run.nodes[node.pos] is node and run.digests[node.pos] == node.digest
-        assert node.pos == 0 or run.nodes[node.pos - 1].depth == node.depth - 1
-        assert run.held == max(run.holds, default=0) <= len(run.nodes)
-        assert max([*run.hits, *run.rel], default=0) <= len(run.nodes)
-        assert (node.kv_ref > 0) == (id(node) in used), "held iff a live request uses it"
-        if node.kv_ref == 0:
-            for p in node.pages:
-                evictable[p // ppb] += 1
+    runs = list({id(r): r for r in index.kv.values()}.values())
+    assert sum(len(r) for r in runs) == len(index.kv), "a digest maps to a run without it"
+    free = []
+    for run in runs:
+        assert len(run) > 0 and all(len(p) == len(run) for p in run.pages)
+        assert run.held == max(run.holds, default=0) <= len(run)
+        assert max([*run.hits, *run.rel], default=0) <= len(run)
+        for pos, d in enumerate(run.digests):
+            assert index.kv[d] is run
+            node = index.handles.get(d)
+            assert node is None or (node.depth == run.first + pos and node.tenant == run.tenant)
+            ref = run.ref(pos)
+            assert (ref > 0) == (d in used), "held iff a live request uses it"
+            if ref == 0:
+                for p in run.unit_pages(pos):
+                    evictable[p // ppb] += 1
+                if m.config.eviction == "value":
+                    free.append(index.kv_q.unit_priority(run, pos))
+    for d, node in index.handles.items():
+        assert node.digest == d and (d in index.kv or node.snap >= 0), "empty handle kept"
     assert index._evictable_pages == evictable, "evictable pages per block"
     if m.config.eviction == "value":
-        free = [index.kv_q.priority(n) for n in kv if n.kv_ref == 0]
         top = index.kv_q.peek()
         assert (top is None) == (not free)
         if free:

@@ -112,7 +112,7 @@ class ManagerMachine(RuleBasedStateMachine):
         req = self.m.requests[r["id"]]
         known = min(n, len(r["tokens"]))
         for u in range(1, known // UNIT + 1):
-            if u <= len(req.nodes):
+            if u <= req.units:
                 self.oracle.kv.add((r["tenant"], tuple(r["tokens"][: u * UNIT])))
         for sp in a.save_points:
             if sp.boundary <= known and sp.slot != req.rolling_slot:
@@ -186,16 +186,16 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         pages: list[int] = []
         slots: list[int] = []
-        for node in m.index.nodes.values():
-            assert node.kv_ref >= 0 and node.snap_ref >= 0
-            assert node.pages is not None or node.snap >= 0, "empty node kept"
-            if node.pages:
-                pages.extend(node.pages)
+        kv, handles = m.index.kv, m.index.handles
+        for run in {id(r): r for r in kv.values()}.values():
+            pages.extend(p for group in run.pages for p in group)
+        for node in handles.values():
+            assert node.snap_ref >= 0
             if node.snap >= 0:
                 slots.append(node.snap)
         for req in m.requests.values():
             for t in req.pages:
-                pages.extend(t[len(req.nodes) : req.units_allocated])
+                pages.extend(t[req.units : req.units_allocated])
                 pages.extend(t[i] for i in req.dup_pages)
             slots.extend(s for s in [req.slot, req.rolling_slot] if s >= 0)
             if req.pending_rolling is not None:
@@ -208,9 +208,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert s.used_bytes <= s.capacity_bytes
         assert s.kv_bytes + s.state_bytes <= s.used_bytes
         # The oracle and the manager agree on what is cached.
-        kv_nodes = {m.index.nodes[d].digest for d in m.index.nodes if m.index.nodes[d].pages is not None}
-        assert {self.oracle.by_digest[d] for d in kv_nodes} == self.oracle.kv
-        snap_nodes = {d for d, n in m.index.nodes.items() if n.snap >= 0}
+        assert {self.oracle.by_digest[d] for d in kv} == self.oracle.kv
+        snap_nodes = {d for d, n in handles.items() if n.snap >= 0}
         assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
         check_runs_and_ranks(m)
 

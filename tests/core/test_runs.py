@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from hybridcache.index import Node
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.runs import Run, pop_tail, shift_blocks, split
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
@@ -13,8 +12,7 @@ UNIT = 4
 
 
 def _run(n: int, ppb: int = 2) -> Run:
-    nodes = [Node(bytes([i]), i, None, (10 + i,)) for i in range(n)]
-    return Run.of(nodes, [[10 + i for i in range(n)]], 1.0, ppb)
+    return Run.of([bytes([i]) for i in range(n)], [[10 + i for i in range(n)]], 1.0, ppb, 0, None)
 
 
 def serve(m: HybridCacheManager, rid: str, tokens: list[int], out: int = 0) -> int:
@@ -28,21 +26,21 @@ def serve(m: HybridCacheManager, rid: str, tokens: list[int], out: int = 0) -> i
 
 
 def path_of(m: HybridCacheManager, tokens: list[int]) -> tuple[list, list]:
-    """The cached KV path of ``tokens`` and its holds (read-only)."""
+    """The handles of the cached KV path of ``tokens``, and its holds."""
     m.add_request("probe", tokens)
     digests = m.requests["probe"].hasher.digests
     m.free("probe")
-    return m.index.kv_path(digests, len(digests))
+    units, holds = m.index.kv_path(digests, len(digests))
+    return [m.index.unit(digests, u) for u in range(units)], holds
 
 
 def test_split_moves_the_far_part_and_clamps_ends():
     run = _run(6)
     run.hits, run.rel = {6: 2, 3: 1}, {6: (5.0, 1), 3: (9.0, 2)}
     tail = split(run, 2, ppb=2)
-    assert [n.depth for n in run.nodes] == [0, 1] and run.digests == [b"\0", b"\1"]
+    assert run.first == 0 and run.digests == [b"\0", b"\1"]
     assert run.hits == {2: 3} and run.rel == {2: (9.0, 2)}
-    assert tail is not None and [n.depth for n in tail.nodes] == [3, 4, 5]
-    assert [n.pos for n in tail.nodes] == [0, 1, 2] and all(n.run is tail for n in tail.nodes)
+    assert tail is not None and tail.first == 3 and tail.digests == [b"\3", b"\4", b"\5"]
     assert tail.hits == {3: 2} and tail.rel == {3: (5.0, 1)}
     assert tail.pages == [[13, 14, 15]] and tail.segs == [([0, 1], [6, 7])]
 
@@ -50,8 +48,7 @@ def test_split_moves_the_far_part_and_clamps_ends():
 def test_pop_tail_folds_ends_into_the_new_tail():
     run = _run(3)
     run.hits, run.rel = {3: 1, 2: 4}, {3: (7.0, 5), 2: (1.0, 3)}
-    node = pop_tail(run)
-    assert node.run is None and len(run) == 2
+    assert pop_tail(run) == b"\2" and len(run) == 2
     assert run.hits == {2: 5} and run.rel == {2: (7.0, 5)}
     assert run.segs == [([0], [5])]  # pages 10, 11: both in block 5
 
@@ -109,7 +106,7 @@ def test_a_slot_empties_a_slab_inside_a_run(eviction):
     check_runs_and_ranks(m)
     path, holds = path_of(m, a)
     assert len(path) == 9 and len(holds) == 1 and len(holds[0][0]) == 9
-    runs = {id(n.run): n.run for n in m.index.nodes.values() if n.run is not None}
+    runs = {id(r): r for r in m.index.kv.values()}
     assert sorted(len(r) for r in runs.values()) == [4, 9]  # far part (stranded), head
     for rid in "bcd":
         m.free(rid)

@@ -84,8 +84,8 @@ def test_prefetch_restores_exactly_the_evicted_bytes():
     node = m.index.nodes[d[9]]
     assert torch.equal(st.slot_bytes_view(node.snap)[: snap_span(m)], snap_before)
     # The ten loaded units are one run: held and walked as one stretch, not unit by unit.
-    path, holds = m.index.kv_path(d, 10)
-    assert len(path) == 10 and len(holds) == 1
+    units, holds = m.index.kv_path(d, 10)
+    assert units == 10 and len(holds) == 1
     # Loaded entries are ordinary cached entries: the request runs from the hit.
     a = m.allocate("b", 6)
     assert a.start == 40 and a.state_copies.src == (node.snap,)
