@@ -216,6 +216,8 @@ class Arena:
 
     def alloc_slot(self) -> int | None:
         """A free state slot id, or ``None`` when no slot and no free block is left."""
+        if not self._free_blocks and not self._open[STATE]:
+            return None  # the common answer of a full arena, without the general path
         got = self._take(STATE, self.layout.slots_per_block, 1)
         if not got:
             return None

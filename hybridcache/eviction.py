@@ -102,16 +102,15 @@ class EvictingAllocator:
             got = self._marconi_next(pred)
             return got if got is not None or pred is None else self._marconi_next(None)
         b = self.snap_q.peek()
-        a = self.kv_q.peek()
-        if pred is not None and a is not None and (b is None or a[0] <= b[0]):
-            # Only a KV entry ranked at or below the best snapshot can win: scan for one
-            # in an unpinned slab (first() ranks at or above peek()).
-            a = self.kv_q.first(pred, aside)
-        if a is None and b is None:
-            return None
-        if b is None or (a is not None and a[0] <= b[0]):
-            return "kv", a[1]  # type: ignore[index,return-value]
-        return "state", b[1]  # type: ignore[return-value]
+        top = self.kv_q.peek_priority()
+        if top is not None and (b is None or top <= b[0]):
+            # Only a KV entry ranked at or below the best snapshot can win; with a
+            # predicate, scan for one in an unpinned slab (first() ranks at or above the
+            # top). The victim's handle is made only now that KV may win.
+            a = self.kv_q.peek() if pred is None else self.kv_q.first(pred, aside)
+            if a is not None and (b is None or a[0] <= b[0]):
+                return "kv", a[1]  # type: ignore[return-value]
+        return None if b is None else ("state", b[1])  # type: ignore[return-value]
 
     def _in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs

@@ -133,6 +133,11 @@ class EvictionQueue:
     def peek(self) -> tuple[float, object] | None:
         raise NotImplementedError
 
+    def peek_priority(self) -> float | None:
+        """The priority :meth:`peek` would report (a queue may answer without the item)."""
+        top = self.peek()
+        return None if top is None else top[0]
+
     def first(self, pred: Callable[[Any], bool], aside: list) -> tuple[float, object] | None:
         """The lowest-ranked entry whose pages satisfy ``pred`` (left in the queue), or ``None``.
 

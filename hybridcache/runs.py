@@ -135,17 +135,21 @@ def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int
     n = len(new)
     if not n:
         return
+    last = blocks[-1] if blocks else -1
     p0 = new[0]
     if new[-1] - p0 == n - 1 and new == list(range(p0, p0 + n)):
         # Consecutive pages (bulk allocation): a new segment at each block start.
-        first = (-p0) % ppb or ppb
-        cut = [0, *range(first, n, ppb)]
-        if blocks and blocks[-1] == p0 // ppb:
-            cut = cut[1:]  # continues the last segment's block
-        starts += [base + k for k in cut]
-        blocks += [(p0 + k) // ppb for k in cut]
+        b = p0 // ppb
+        if b != last:
+            starts.append(base)
+            blocks.append(b)
+        k = (b + 1) * ppb - p0  # position of the first page in the next block
+        while k < n:
+            starts.append(base + k)
+            b += 1
+            blocks.append(b)
+            k += ppb
         return
-    last = blocks[-1] if blocks else -1
     for i, p in enumerate(new, base):
         b = p // ppb
         if b != last:
@@ -323,6 +327,11 @@ class RunValueQueue:
             return None
         prio, _, _, run = self._heap[0]
         return prio, self._unit(run, len(run.digests) - 1)
+
+    def peek_priority(self) -> float | None:
+        """:meth:`peek`'s priority, without making the victim's handle."""
+        self._clean()
+        return self._heap[0][0] if self._heap else None
 
     def first(self, pred: PagesPred, aside: list) -> tuple[float, Node] | None:
         """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
