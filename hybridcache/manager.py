@@ -39,6 +39,8 @@ from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
 
+_NO_COPIES = CopyPlan()
+
 
 class _Undo:
     """Pages and slots taken by a step so far: returned if the step fails."""
@@ -214,7 +216,7 @@ class HybridCacheManager(SavePointControl):
             )
         undo = _Undo()
         try:
-            copies = self._first_slot(req, undo) if first else CopyPlan()
+            copies = self._first_slot(req, undo) if first else _NO_COPIES
             new_pages = self._alloc_pages(req, end, undo)
             drafts: tuple[int, ...] = ()
             if num_draft and self.has_state:
@@ -278,10 +280,10 @@ class HybridCacheManager(SavePointControl):
 
     def _first_slot(self, req: Request, undo: _Undo) -> CopyPlan:
         if not self.has_state:
-            return CopyPlan()
+            return _NO_COPIES
         req.slot = self._need_slot(undo)
         if req.restore is None:
-            return CopyPlan()
+            return _NO_COPIES
         return CopyPlan((req.restore.snap,), (req.slot,))
 
     def _need_slot(self, undo: _Undo) -> int:
@@ -440,16 +442,19 @@ class HybridCacheManager(SavePointControl):
         self.metrics.kv_pages_registered += registered
 
     def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
-        u = boundary // self.unit
-        node = self.index.unit(req.hasher.digests, u - 1) if u - 1 < req.units else None
-        quota = self._quota(req.tenant)
-        if node is None or node.run is None or node.snap >= 0:
+        index, u = self.index, boundary // self.unit - 1
+        d = req.hasher.digests[u] if u < req.units else b""  # b"": no unit has it
+        run, node = index.kv.get(d), index.handles.get(d)
+        if run is None or (node is not None and node.snap >= 0):
             self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return
-        if quota is not None and self.index.tenant_bytes.get(req.tenant, 0) + self.index.snap_bytes > quota:
+        quota = self._quota(req.tenant) if self.config.tenant_quotas else None
+        if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
             self.metrics.quota_rejections += 1
             self.arena.free_slot(slot)
             return
+        if node is None:
+            node = index.handle(run, u - run.first)
         prev = req.last_snapshot_boundary(boundary)
         flops = self.spec.flops.prefill_flops(prev, boundary)
         self.index.register_snapshot(node, slot, min(flops, self._snap_flops_cap), self.tick)

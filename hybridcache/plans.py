@@ -1,12 +1,15 @@
 """What the manager hands an engine: match results, copy plans, save points, allocations.
 
-Plain frozen dataclasses, kept apart from the algorithm so that engines, kernels and tests
-can import them without the manager.
+Immutable records, kept apart from the algorithm so that engines, kernels and tests can
+import them without the manager. The ones made on every request (``MatchResult``,
+``SavePoint``, ``Allocation``) are named tuples: a frozen dataclass sets each field through
+``object.__setattr__``, which made building them about 2 us of a ~100 us request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,7 @@ class CacheConfig:
     min_seen: int = 1
 
 
-@dataclass(frozen=True)
-class MatchResult:
+class MatchResult(NamedTuple):
     """Outcome of :meth:`HybridCacheManager.match` (tokens, multiples of the hash unit)."""
 
     hit_tokens: int
@@ -63,16 +65,14 @@ class CopyPlan:
         return list(zip(self.src, self.dst))
 
 
-@dataclass(frozen=True)
-class SavePoint:
+class SavePoint(NamedTuple):
     """The engine must write the state after token ``boundary`` into state slot ``slot``."""
 
     boundary: int
     slot: int
 
 
-@dataclass(frozen=True)
-class Allocation:
+class Allocation(NamedTuple):
     """What :meth:`HybridCacheManager.allocate` hands the engine for one step.
 
     Attributes:

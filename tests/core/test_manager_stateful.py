@@ -149,8 +149,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.m.append_tokens(r["id"], toks)
         r["tokens"].extend(toks)
         self._digest_keys(r)
-        r["alloc"] = a.__class__(**{**a.__dict__, "save_points": tuple(
-            s for s in a.save_points if s not in rejected_points)})
+        r["alloc"] = a._replace(save_points=tuple(s for s in a.save_points if s not in rejected_points))
         self._commit(r, a.start + accepted)
         cached = self.m.cached_snapshot_slots()
         assert not {s.slot for s in rejected_points} & cached
