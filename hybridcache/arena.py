@@ -262,17 +262,19 @@ class Arena:
                 kinds[b] = kind
                 base = b * per_block
                 k = min(want, per_block)
-                take = list(range(base, base + k))
+                out += range(base, base + k)
+                live[base : base + k] = b"\x01" * k
                 entry_free[b] = list(range(base + per_block - 1, base + k - 1, -1))
                 used[b] = k
                 if k < per_block:
                     open_blocks.append(b)
                     self._is_open[b] = True
+                continue
             else:
                 break
             for e in take:
                 live[e] = 1
-            out.extend(take)
+            out += take
         return out
 
     def _free(self, kind: int, entry: int, per_block: int) -> None:

@@ -37,6 +37,7 @@ Digest = bytes
 HASH_ALGOS = ("xxh3_128", "sha256")
 _MAX_TOKEN = (1 << 32) - 1
 _MAX_TOKEN_U64 = np.uint64(_MAX_TOKEN)  # a numpy scalar: no conversion on every compare
+_U32 = np.dtype(np.uint32)
 _EMPTY = np.zeros(0, dtype=np.uint32)
 _EMPTY.flags.writeable = False
 
@@ -95,6 +96,8 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
     Raises:
         InvalidRequestError: non-integer ids, negative ids or ids that do not fit 32 bits.
     """
+    if type(tokens) is np.ndarray and tokens.dtype == _U32 and tokens.ndim == 1:
+        return tokens  # already what the hasher reads: nothing to check or convert
     arr = np.asarray(tokens)
     if arr.ndim != 1:
         if arr.size == 0:
