@@ -131,13 +131,18 @@ def block_segments(pages: list[int], ppb: int) -> tuple[list[int], list[int]]:
 
 
 def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int, ppb: int) -> None:
-    """Extend the segments ``(starts, blocks)`` with pages ``new`` at positions ``base...``."""
+    """Extend the segments ``(starts, blocks)`` with pages ``new`` at positions ``base...``.
+
+    Pages of a table are distinct, so pages spanning exactly ``n`` ids in increasing order
+    are consecutive (checked by one sort of an already sorted list, without making ``n``
+    new integers).
+    """
     n = len(new)
     if not n:
         return
     last = blocks[-1] if blocks else -1
     p0 = new[0]
-    if new[-1] - p0 == n - 1 and new == list(range(p0, p0 + n)):
+    if new[-1] - p0 == n - 1 and sorted(new) == new:
         # Consecutive pages (bulk allocation): a new segment at each block start.
         b = p0 // ppb
         if b != last:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hybridcache.manager import CacheConfig, HybridCacheManager
-from hybridcache.runs import Run, pop_tail, shift_blocks, split
+from hybridcache.runs import Run, add_segments, pop_tail, shift_blocks, split
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
 
 UNIT = 4
@@ -111,3 +113,36 @@ def test_a_slot_empties_a_slab_inside_a_run(eviction):
     for rid in "bcd":
         m.free(rid)
     check_runs_and_ranks(m)
+
+
+def _segments_per_page(pages: list[int], base: int, ppb: int, starts: list[int], blocks: list[int]) -> None:
+    last = blocks[-1] if blocks else -1
+    for i, p in enumerate(pages, base):
+        if p // ppb != last:
+            starts.append(i)
+            blocks.append(p // ppb)
+            last = p // ppb
+
+
+@given(
+    ppb=st.sampled_from([1, 2, 3, 7, 337]),
+    head=st.integers(0, 40),
+    start=st.integers(0, 2000),
+    n=st.integers(0, 700),
+    swaps=st.lists(st.tuples(st.integers(0, 699), st.integers(0, 699)), max_size=3),
+    scattered=st.booleans(),
+)
+def test_add_segments_matches_a_per_page_scan(ppb, head, start, n, swaps, scattered):
+    """Block segments of consecutive pages are computed arithmetically; any other distinct
+    pages (a swapped pair keeps both end points, scattered ones do not) take the general
+    path. Both must agree with a per-page scan, after an existing head of segments too."""
+    pages = list(range(start, start + n)) if not scattered else [(start + 13 * i) % 5003 for i in range(n)]
+    for i, j in swaps:
+        if i < n and j < n:
+            pages[i], pages[j] = pages[j], pages[i]
+    starts, blocks = [], []
+    _segments_per_page(list(range(9000, 9000 + head)), 0, ppb, starts, blocks)
+    want = (list(starts), list(blocks))
+    _segments_per_page(pages, head, ppb, *want)
+    add_segments(starts, blocks, pages, head, ppb)
+    assert (starts, blocks) == want
