@@ -5,15 +5,16 @@ unit's end). It may have KV pages (one per attention group) and, at most, one st
 snapshot: the recurrent state after the unit's last token. The two are held and evicted
 separately (SGLang's separate KV/state locks and LRU lists):
 
-- KV lives in *runs* (units registered together, :mod:`hybridcache.runs`): ``kv`` maps
-  every digest with KV to its run. A run's holds count the running requests whose block
-  tables use its pages; only unheld units can lose their KV.
+- KV lives in *runs* (units registered together, :mod:`hybridcache.runs`); ``heads`` maps
+  the first unit of every run to the run. A walk enters every run at its first unit, so
+  no other unit needs an entry (see :meth:`PrefixIndex.kv_path`). A run's holds count the
+  running requests whose block tables use its pages; only unheld units can lose their KV.
 - A :class:`Node` is a handle on one unit, made on demand: every snapshot has one (its
   ``snap_ref`` counts pending restores, a copy plan that reads the snapshot and has not run
   yet; only snapshots with ``snap_ref == 0`` can be evicted), and so does a KV unit that
-  someone asked for. Registering a request's new units makes no per-unit object: at 16
-  tokens per unit, objects per unit were the index's largest cost in time and in the
-  collector's work.
+  someone asked for. Registering a request's new units makes no per-unit object and no
+  per-unit dict entry: at 16 tokens per unit, those were the index's largest cost in time
+  (and objects, in the collector's work).
 
 Units live in flat dicts keyed by digest, not a tree: because digests are chained, a unit
 stays valid when an ancestor's KV is evicted (it becomes reachable again as soon as the
@@ -49,17 +50,17 @@ Digest = bytes
 class Node:
     """A handle on one hash unit of one cached prefix, made on demand (module docstring).
 
-    It carries the unit's snapshot, if any (the state after the unit's last token); the
-    unit's KV, if any, lives in its run, found through the index's digest map, so a handle
-    never goes stale when runs shorten or split.
+    It carries the unit's snapshot, if any (the state after the unit's last token), and
+    names the run that holds the unit's KV (``None``: no KV); the index keeps ``run``
+    current when runs split, shrink or gain units.
     """
 
     __slots__ = (
-        "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "_kv",
+        "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
         "__weakref__",
     )
 
-    def __init__(self, digest: Digest, depth: int, tenant: str | None, kv: Mapping[Digest, Run]) -> None:
+    def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
         self.digest = digest
         self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
         self.tenant = tenant
@@ -67,40 +68,35 @@ class Node:
         self.snap_ref = 0
         self.snap_hits = 0
         self.snap_flops = 0.0
-        self._kv = kv  # the index's digest -> run map
-
-    @property
-    def run(self) -> Run | None:
-        """The run holding this unit's KV (``None``: no KV)."""
-        return self._kv.get(self.digest)
+        self.run = run
 
     @property
     def pos(self) -> int:
         """Position in :attr:`run` (the unit must have KV)."""
-        return self.depth - self._kv[self.digest].first
+        return self.depth - self.run.first  # type: ignore[union-attr]
 
     @property
     def pages(self) -> tuple[int, ...] | None:
         """The unit's KV pages, one per attention group (``None``: no KV)."""
-        run = self._kv.get(self.digest)
+        run = self.run
         return None if run is None else run.unit_pages(self.depth - run.first)
 
     @property
     def kv_ref(self) -> int:
         """Running requests whose block tables use this unit's pages."""
-        run = self._kv.get(self.digest)
+        run = self.run
         return 0 if run is None else run.ref(self.depth - run.first)
 
     @property
     def kv_flops(self) -> float:
         """Prefill FLOPs this unit's KV saves (its run's value per unit)."""
-        run = self._kv.get(self.digest)
+        run = self.run
         return 0.0 if run is None else run.flops
 
     @property
     def kv_hits(self) -> int:
         """Requests that reused this unit's KV (counted when their hit is served)."""
-        run = self._kv.get(self.digest)
+        run = self.run
         return 0 if run is None else run.hit_count(self.depth - run.first)
 
     def __repr__(self) -> str:
@@ -110,33 +106,43 @@ class Node:
 class UnitView(Mapping[Digest, Node]):
     """Read-only ``digest -> Node`` over every cached unit (with KV, a snapshot or both).
 
-    For inspection and tests: looking a KV unit up makes its handle (kept, so the same
-    unit always gives the same node) and, without the unit's depth, finds its position in
-    its run by a scan. Hot paths use :attr:`PrefixIndex.kv` and :meth:`PrefixIndex.handle`.
+    For inspection and tests: the index maps only runs' first units, so looking up any
+    other unit scans the runs, and a KV unit looked up gets its handle (kept, so the same
+    unit always gives the same node). Hot paths use :meth:`PrefixIndex.kv_path` and
+    :attr:`PrefixIndex.handles`.
     """
 
     def __init__(self, index: PrefixIndex) -> None:
         self._index = index
+
+    def _find(self, digest: object) -> tuple[Run, int] | None:
+        for run in self._index.heads.values():
+            if digest in run.digests:
+                return run, run.digests.index(digest)  # type: ignore[arg-type]
+        return None
 
     def __getitem__(self, digest: Digest) -> Node:
         index = self._index
         node = index.handles.get(digest)
         if node is not None:
             return node
-        run = index.kv[digest]
-        return index.handle(run, run.digests.index(digest))
+        found = self._find(digest)
+        if found is None:
+            raise KeyError(digest)
+        return index.handle(*found)
 
     def __contains__(self, digest: object) -> bool:
-        return digest in self._index.kv or digest in self._index.handles
+        return digest in self._index.handles or self._find(digest) is not None
 
     def __iter__(self) -> Iterator[Digest]:
-        kv, handles = self._index.kv, self._index.handles
-        yield from kv
-        yield from (d for d in handles if d not in kv)
+        index = self._index
+        for run in index.heads.values():
+            yield from run.digests
+        yield from index.bare
 
     def __len__(self) -> int:
-        kv = self._index.kv
-        return len(kv) + sum(1 for d in self._index.handles if d not in kv)
+        index = self._index
+        return sum(len(run) for run in index.heads.values()) + len(index.bare)
 
 
 def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
@@ -157,11 +163,15 @@ class PrefixIndex(EvictingAllocator):
         on_evict: Callable[[str, Node, int], None] | None = None,
     ) -> None:
         self.arena = arena
-        #: Every unit with KV -> its run (position: depth - run.first).
-        self.kv: dict[Digest, Run] = {}
+        #: The first unit of every run -> the run. A walk enters every run at its first
+        #: unit (see kv_path), so the other units need no entry: registering a request's
+        #: units adds at most one.
+        self.heads: dict[Digest, Run] = {}
         #: Units that have a handle: every snapshot, and KV units someone asked for (a
         #: victim, a per-unit queue's entry, a lookup). At most one handle per digest.
         self.handles: dict[Digest, Node] = {}
+        #: The handles without KV (snapshot only), checked when units are registered.
+        self.bare: dict[Digest, Node] = {}
         #: Every unit as a ``digest -> Node`` mapping (see :class:`UnitView`).
         self.nodes = UnitView(self)
         # Bumped whenever an entry is registered or evicted: a walk with an equal version
@@ -200,37 +210,33 @@ class PrefixIndex(EvictingAllocator):
         d = run.digests[pos]
         node = self.handles.get(d)
         if node is None:
-            node = self.handles[d] = Node(d, run.first + pos, run.tenant, self.kv)
+            node = self.handles[d] = Node(d, run.first + pos, run.tenant, run)
         return node
 
     def unit(self, digests: Sequence[Digest], u: int) -> Node | None:
         """The handle of unit ``u`` of a chain (``None`` if it has neither KV nor a snapshot)."""
-        d = digests[u]
-        node = self.handles.get(d)
+        node = self.handles.get(digests[u])
         if node is not None:
             return node
-        run = self.kv.get(d)
-        return None if run is None else self.handle(run, u - run.first)
+        for run, end in self.chain_holds(digests, 0, u + 1):
+            if run.first <= u < run.first + end:
+                return self.handle(run, u - run.first)
+        return None
 
     def chain_holds(self, digests: Sequence[Digest], lo: int, hi: int) -> list[Hold]:
         """The holds that pin units ``[lo, hi)`` of a chain that have KV (others skipped):
-        one per run, up to the deepest of them in it."""
-        get = self.kv.get
+        one per run, from its first unit up to the deepest of them in it.
+
+        Unit ``lo`` must not be inside a run that started before it (true for ``lo == 0``
+        and right after a unit the caller holds): the walk finds runs by their first unit,
+        and a unit without KV is always followed by a run's first unit or another gap.
+        """
         holds: list[Hold] = []
-        cur: Run | None = None
-        end = 0
-        for u in range(lo, hi):
-            run = get(digests[u])
-            if run is None:
-                continue
-            if run is not cur:
-                if cur is not None:
-                    holds.append((cur, end))
-                cur, end = run, 0
-            if u - run.first >= end:
-                end = u - run.first + 1
-        if cur is not None:
-            holds.append((cur, end))
+        i = lo
+        while i < hi:
+            i, got = self.kv_path(digests, hi, i)
+            holds += got
+            i += 1  # a unit without KV (or hi)
         return holds
 
     # ------------------------------------------------------------------ holding
@@ -330,15 +336,17 @@ class PrefixIndex(EvictingAllocator):
             to the last of them, and how many were registered; ``None`` if none was (unit
             ``first`` has KV already).
         """
-        kv = self.kv
+        # A unit past ``first`` that has KV is the first unit of a run (its unit before,
+        # ours, has none), so only run heads can cut the registration short.
+        heads = self.heads
         if isinstance(digests, list):
             ds = digests[first:end]
-            if not kv.keys().isdisjoint(ds):
-                ds = ds[: next(k for k, d in enumerate(ds) if d in kv)]
+            if not heads.keys().isdisjoint(ds):
+                ds = ds[: next(k for k, d in enumerate(ds) if d in heads)]
         else:
             ds = []
             for i in range(first, end):
-                if digests[i] in kv:
+                if digests[i] in heads:
                     break
                 ds.append(digests[i])
         if not ds:
@@ -356,7 +364,14 @@ class PrefixIndex(EvictingAllocator):
             for t in tables
         ]
         run.extend(ds, per_group, self._ppb)
-        kv.update(dict.fromkeys(ds, run))
+        if fresh:
+            heads[ds[0]] = run
+        bare = self.bare
+        if bare and not bare.keys().isdisjoint(ds):  # snapshot-only units get their KV back
+            for d in ds:
+                node = bare.pop(d, None)
+                if node is not None:
+                    node.run = run
         h = run.holds
         if not fresh:  # the caller's hold moves from the old end to the new one
             old = after[1]  # type: ignore[index]
@@ -407,7 +422,8 @@ class PrefixIndex(EvictingAllocator):
     def evict_kv(self, node: Node) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
         self.version += 1
-        run = self.kv[node.digest]
+        run = node.run
+        assert run is not None, "evict_kv of a unit without KV"
         pos = node.depth - run.first
         assert pos >= run.held
         self.kv_q.discard(node)
@@ -417,7 +433,8 @@ class PrefixIndex(EvictingAllocator):
             ev[p // ppb] -= 1
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
-        del self.kv[node.digest]
+        if pos == 0:
+            del self.heads[node.digest]
         tail = None
         if pos == len(run.digests) - 1:
             pop_tail(run)
@@ -425,10 +442,19 @@ class PrefixIndex(EvictingAllocator):
             tail = split(run, pos, ppb)
         self.kv_q.run_changed(run)
         if tail is not None:
-            self.kv.update(dict.fromkeys(tail.digests, tail))
+            self.heads[tail.digests[0]] = tail
+            handles = self.handles
+            if handles:
+                for d in tail.digests:  # rare (a unit inside a run): re-point its handles
+                    moved = handles.get(d)
+                    if moved is not None:
+                        moved.run = tail
             self.kv_q.run_changed(tail)
+        node.run = None
         if node.snap < 0:
             del self.handles[node.digest]
+        else:
+            self.bare[node.digest] = node
 
     def evict_snapshot(self, node: Node, keep_slot: bool = False) -> int:
         """Drop ``node``'s snapshot (it must be unpinned).
@@ -448,8 +474,9 @@ class PrefixIndex(EvictingAllocator):
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
-        if node.digest not in self.kv:
+        if node.run is None:
             del self.handles[node.digest]
+            del self.bare[node.digest]
         return slot if keep_slot else -1
 
     def _account(self, kind: str, node: Node, nbytes: int) -> None:
@@ -467,9 +494,10 @@ class PrefixIndex(EvictingAllocator):
             self.on_evict(kind, node, nbytes)
 
     # ------------------------------------------------------------------ walks
-    def kv_path(self, digests: list[Digest], max_units: int) -> tuple[int, list[Hold]]:
+    def kv_path(self, digests: list[Digest], max_units: int, start: int = 0) -> tuple[int, list[Hold]]:
         """The longest prefix of a chain with KV (capped at ``max_units``) and the holds
-        that cover it, one per run it crosses.
+        that cover it, one per run it crosses; from unit ``start`` if given (which must
+        not be inside a run that started before it, see :meth:`chain_holds`).
 
         One dictionary look-up per run, not per unit. Digests are chained, so two paths
         that agree at one unit agree at every unit before it: from a run's first matching
@@ -479,12 +507,13 @@ class PrefixIndex(EvictingAllocator):
         before), so each hold ``(run, end)`` covers exactly the path's units in ``run``.
 
         Returns:
-            ``(units, holds)``.
+            ``(end, holds)``: units ``[start, end)`` have KV, unit ``end`` has none (or is
+            ``max_units``).
         """
-        get = self.kv.get
+        get = self.heads.get
         n = min(len(digests), max_units)
         holds: list[Hold] = []
-        i = 0
+        i = start
         while i < n:
             run = get(digests[i])
             if run is None:

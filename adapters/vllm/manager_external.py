@@ -167,7 +167,7 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
             elif sp.boundary in mreq.saves or sp.boundary == mreq.rolling_boundary:
                 self.manager.cancel_save(rid, sp.boundary)
                 self.stats_counters.external_saves_skipped += 1
-        return dataclasses.replace(alloc, save_points=tuple(keep))
+        return alloc._replace(save_points=tuple(keep))
 
     def _load_fits(self, num_external: int, reserved_blocks: int) -> bool:
         """vLLM's gate for async loads: the load's blocks fit next to what live requests

@@ -342,7 +342,11 @@ class OffloadCoordinator:
     ) -> _Probe:
         """Walk units past the device hit in doubling windows, one ``contains_many`` per
         tier and window, until a unit's KV is nowhere."""
-        kv, handles = self.manager.index.kv, self.manager.index.handles
+        index = self.manager.index
+        handles = index.handles
+        has_kv_on_device = [False] * max_units  # stranded runs past the hit count too
+        for run, end in index.chain_holds(digests, 0, max_units):
+            has_kv_on_device[run.first : run.first + end] = [True] * end
         has_state, has_kv = self.manager.has_state, bool(self.io.groups)
         probe = _Probe(reach=dev_hit)
         pos, step = dev_hit, self.probe_batch
@@ -353,7 +357,7 @@ class OffloadCoordinator:
             dev_snap: set[int] = set()
             for i in range(pos, end):
                 node = handles.get(digests[i])
-                if digests[i] not in kv:
+                if not has_kv_on_device[i]:
                     if has_kv:
                         keys.append(self.keys.kv(tenant, digests[i]))
                         what.append((i, False))

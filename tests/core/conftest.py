@@ -53,17 +53,18 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
     used = {d for req in m.requests.values() for d in req.hasher.digests[: req.units]}
     ppb = max(m.layout.pages_per_block, 1)
     evictable = [0] * m.layout.num_blocks
-    runs = list({id(r): r for r in index.kv.values()}.values())
-    assert sum(len(r) for r in runs) == len(index.kv), "a digest maps to a run without it"
+    runs = list(index.heads.values())
+    units = {d: (run, pos) for run in runs for pos, d in enumerate(run.digests)}
+    assert len(units) == sum(len(r) for r in runs), "a unit in two runs"
     free = []
-    for run in runs:
-        assert len(run) > 0 and all(len(p) == len(run) for p in run.pages)
+    for head, run in index.heads.items():
+        assert len(run) > 0 and run.digests[0] == head
+        assert all(len(p) == len(run) for p in run.pages)
         assert run.held == max(run.holds, default=0) <= len(run)
         assert max([*run.hits, *run.rel], default=0) <= len(run)
         for pos, d in enumerate(run.digests):
-            assert index.kv[d] is run
             node = index.handles.get(d)
-            assert node is None or (node.depth == run.first + pos and node.tenant == run.tenant)
+            assert node is None or (node.run is run and node.depth == run.first + pos and node.tenant == run.tenant)
             ref = run.ref(pos)
             assert (ref > 0) == (d in used), "held iff a live request uses it"
             if ref == 0:
@@ -72,7 +73,9 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
                 if m.config.eviction == "value":
                     free.append(index.kv_q.unit_priority(run, pos))
     for d, node in index.handles.items():
-        assert node.digest == d and (d in index.kv or node.snap >= 0), "empty handle kept"
+        assert node.digest == d and (d in units or node.snap >= 0), "empty handle kept"
+        assert (node.run is None) == (d not in units) == (d in index.bare)
+    assert set(index.bare) <= set(index.handles)
     assert index._evictable_pages == evictable, "evictable pages per block"
     if m.config.eviction == "value":
         top = index.kv_q.peek()

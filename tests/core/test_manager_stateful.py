@@ -185,8 +185,9 @@ class ManagerMachine(RuleBasedStateMachine):
             return
         pages: list[int] = []
         slots: list[int] = []
-        kv, handles = m.index.kv, m.index.handles
-        for run in {id(r): r for r in kv.values()}.values():
+        handles = m.index.handles
+        kv = [d for run in m.index.heads.values() for d in run.digests]
+        for run in m.index.heads.values():
             pages.extend(p for group in run.pages for p in group)
         for node in handles.values():
             assert node.snap_ref >= 0
