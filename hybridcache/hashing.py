@@ -139,6 +139,12 @@ def _unit_extras(
     return {u: b"".join(tags) for u, tags in extras.items()}
 
 
+@lru_cache(maxsize=64)
+def _void(nbytes: int) -> np.dtype:
+    """The void dtype of one unit's bytes (made once: parsing ``"V64"`` costs a call)."""
+    return np.dtype(f"V{nbytes}")
+
+
 def hash_units(
     tokens: np.ndarray,
     unit: int,
@@ -166,7 +172,7 @@ def hash_units(
         return []
     # One bytes object per unit straight from numpy (a void view keeps trailing zero bytes,
     # unlike an "S" view): no Python-level slicing of one big buffer per unit.
-    units = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(f"V{unit * 4}").tolist()
+    units = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(_void(unit * 4)).tolist()
     h = parent
     if not extras:
         return [h := fn(h + blob) for blob in units]

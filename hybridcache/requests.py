@@ -85,20 +85,19 @@ def admission_points(
     """
     p = req.prompt_len
     last_in_prompt = (p - 1) // unit * unit
-    wanted: set[int] = set()
+    wanted: list[int] = []
     if policy.last_token:
-        wanted.add(last_in_prompt)
+        wanted.append(last_in_prompt)
     if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
-        wanted.add(min(req.kv_hit_tokens, last_in_prompt))
+        wanted.append(min(req.kv_hit_tokens, last_in_prompt))
     if policy.interval:
         n = policy.interval
-        b = (start // n + 1) * n
-        while b <= end:
-            wanted.add(b)
-            b += n
+        wanted += range((start // n + 1) * n, end + 1, n)
     if policy.chunk_end and end <= p:
-        wanted.add(end // unit * unit)
-    out = [(b, False) for b in sorted(wanted) if start < b <= end and b > 0]
+        wanted.append(end // unit * unit)
+    if len(wanted) > 1:
+        wanted = sorted(set(wanted))
+    out = [(b, False) for b in wanted if start < b <= end and b > 0]
     if policy.turn_end and end > p:
         b = end // unit * unit
         if b > start and b > last_in_prompt:

@@ -443,6 +443,9 @@ def hold_tables(holds: Sequence[Hold], groups: int) -> list[list[int]]:
     """Block tables, per attention group, of a walked path's units: the path crosses each
     run of ``holds`` from its first unit (:meth:`PrefixIndex.kv_path`), so the tables are
     slices of the runs' page lists, not one look-up per unit."""
+    if len(holds) == 1:  # the common case: the hit lies in one run
+        run, end = holds[0]
+        return [pages[:end] for pages in run.pages]
     tables: list[list[int]] = [[] for _ in range(groups)]
     for run, end in holds:
         for t, pages in zip(tables, run.pages):
