@@ -38,8 +38,6 @@ HASH_ALGOS = ("xxh3_128", "sha256")
 _MAX_TOKEN = (1 << 32) - 1
 _MAX_TOKEN_U64 = np.uint64(_MAX_TOKEN)  # a numpy scalar: no conversion on every compare
 _U32 = np.dtype(np.uint32)
-_EMPTY = np.zeros(0, dtype=np.uint32)
-_EMPTY.flags.writeable = False
 
 
 def _sha256(data: bytes) -> bytes:
@@ -139,6 +137,11 @@ def _unit_extras(
     return {u: b"".join(tags) for u, tags in extras.items()}
 
 
+def _le_bytes(tokens: np.ndarray) -> bytes:
+    """The bytes a unit of ``tokens`` hashes as: ``uint32``, little-endian."""
+    return np.ascontiguousarray(tokens, dtype="<u4").tobytes()
+
+
 @lru_cache(maxsize=64)
 def _void(nbytes: int) -> np.dtype:
     """The void dtype of one unit's bytes (made once: parsing ``"V64"`` costs a call)."""
@@ -204,7 +207,7 @@ class TokenHasher:
         self.algo = algo
         self.root = root_digest(algo, seed, tenant, lora)
         self.digests: list[Digest] = []
-        self._tail = _EMPTY
+        self._tail = b""  # the trailing partial unit, as the little-endian bytes it hashes
         self._extras = _unit_extras(mm_items, unit, algo) if mm_items else None
         self.num_tokens = 0
 
@@ -215,14 +218,25 @@ class TokenHasher:
 
     def extend_validated(self, arr: np.ndarray) -> list[Digest]:
         """:meth:`extend` for an already validated ``uint32`` array."""
-        if len(arr) == 0:
+        n = len(arr)
+        if n == 0:
             return []
-        if len(self._tail):
-            arr = np.concatenate([self._tail, arr])
+        unit, tail, extras = self.unit, self._tail, self._extras
         parent = self.digests[-1] if self.digests else self.root
-        new = hash_units(arr, self.unit, parent, self.algo, len(self.digests), self._extras)
-        self.digests.extend(new)
-        rest = len(arr) - len(new) * self.unit
-        self._tail = arr[-rest:].copy() if rest else _EMPTY
-        self.num_tokens = len(self.digests) * self.unit + len(self._tail)
+        new: list[Digest] = []
+        if tail:  # complete the partial unit first: no copy of the whole array
+            need = unit - len(tail) // 4
+            if n < need:
+                self._tail = tail + _le_bytes(arr)
+                self.num_tokens += n
+                return new
+            extra = extras.get(len(self.digests), b"") if extras else b""
+            parent = hash_function(self.algo)(parent + tail + _le_bytes(arr[:need]) + extra)
+            new.append(parent)
+            arr = arr[need:]
+        new += hash_units(arr, unit, parent, self.algo, len(self.digests) + len(new), extras)
+        self.digests += new
+        rest = len(arr) % unit
+        self._tail = _le_bytes(arr[len(arr) - rest :]) if rest else b""
+        self.num_tokens = len(self.digests) * unit + rest
         return new

@@ -168,6 +168,9 @@ def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> N
     every group: one step per block segment, not per page."""
     n_units = len(run.digests)
     for starts, blocks in run.segs:
+        if len(starts) == 1:  # the run's pages of this group share one block
+            counts[blocks[0]] += delta * (hi - lo)
+            continue
         i = bisect_right(starts, lo) - 1
         n = len(starts)
         while i < n:
@@ -296,7 +299,7 @@ class RunValueQueue:
         if not n or run.held >= n:
             return
         base, order = self._base(run, n - 1)
-        prio = self._value(base, run.hits.get(n, 0), run.flops)  # the tail's hits end at n
+        prio = self._value(base, run.hits.get(n, 0), run.flops)
         if run.qseq:
             if prio == run.qprio:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would
