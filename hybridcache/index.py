@@ -523,14 +523,20 @@ class PrefixIndex(EvictingAllocator):
             m = min(len(run.digests), n - i)
             rd = run.digests
             if m > 1 and rd[m - 1] != digests[i + m - 1]:
-                ok, bad = 1, m  # units [0, ok) agree, unit bad - 1 does not
-                while bad - ok > 1:
-                    mid = (ok + bad) // 2
-                    if rd[mid - 1] == digests[i + mid - 1]:
-                        ok = mid
-                    else:
-                        bad = mid
-                m = ok
+                # Where the last walk left this run is where the next one usually leaves it
+                # too (a shared system prompt, then each conversation's own turns).
+                h = run.fork
+                if 0 < h < m and rd[h - 1] == digests[i + h - 1] and rd[h] != digests[i + h]:
+                    m = h
+                else:
+                    ok, bad = 1, m  # units [0, ok) agree, unit bad - 1 does not
+                    while bad - ok > 1:
+                        mid = (ok + bad) // 2
+                        if rd[mid - 1] == digests[i + mid - 1]:
+                            ok = mid
+                        else:
+                            bad = mid
+                    m = run.fork = ok
             holds.append((run, m))
             i += m
         return i, holds

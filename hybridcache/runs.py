@@ -52,7 +52,7 @@ class Run:
 
     __slots__ = (
         "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops", "first", "tenant",
-        "qseq", "qprio",
+        "qseq", "qprio", "fork",
     )
 
     def __init__(self, flops: float, groups: int, first: int, tenant: str | None) -> None:
@@ -73,6 +73,7 @@ class Run:
         self.tenant = tenant
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
+        self.fork = 0  # where the last walk that left the run early left it (a hint)
 
     @classmethod
     def of(

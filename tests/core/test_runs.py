@@ -146,3 +146,17 @@ def test_add_segments_matches_a_per_page_scan(ppb, head, start, n, swaps, scatte
     _segments_per_page(pages, head, ppb, *want)
     add_segments(starts, blocks, pages, head, ppb)
     assert (starts, blocks) == want
+
+
+def test_walks_leave_a_shared_run_where_they_diverge():
+    """A walk leaves a run by a binary search and remembers the point (``fork``); later walks
+    that diverge there, earlier or later, or never, all find their own exact end."""
+    m = HybridCacheManager(tiny_spec(state=False), 1 << 22, CacheConfig(hash_unit=UNIT))
+    shared = list(range(64))  # one run of 16 units
+    serve(m, "base", shared + [1])
+    for k, cut in enumerate([40, 40, 20, 60, 40, 64]):
+        tokens = shared[:cut] + [5000 + k] * 8
+        path, holds = path_of(m, tokens)
+        assert len(path) == cut // UNIT, (cut, len(path))
+        run = holds[0][0]
+        assert run.first == 0 and (cut == 64 or run.fork == cut // UNIT)
