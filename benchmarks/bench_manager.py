@@ -1,6 +1,7 @@
 """Manager speed and hit rate: hybridcache vs vLLM's own KVCacheManager, same requests, one run.
 
     python benchmarks/bench_manager.py [--requests 2000] [--model kimi-linear-48b] [--capacity 64GiB]
+                                       [--repeat 3]
 
 A multi-turn chat stream with shared system prompts (token ids, from the simulator's
 generator) goes through vLLM's ``KVCacheManager`` on the hybrid config vLLM builds for the
@@ -9,6 +10,8 @@ boundaries; see ``hybridcache.sim.vllm_native``) and through ``HybridCacheManage
 defaults. For each, per request: match + allocate + commit + free (hashing included, as
 vLLM's Request hashes on construction). Prints the median and p90 time per request, the
 token hit rate, and the ratios. Target: ours <= 0.5x vLLM's time with a hit rate >= vLLM's.
+Timings on a shared machine drift by 10-20 % within minutes, so every manager runs once per
+round and the ratio is the median of the rounds' ratios.
 """
 
 from __future__ import annotations
@@ -82,29 +85,53 @@ def main() -> None:
     ap.add_argument("--capacity", default="64GiB")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--units", default="16,64,128", help="hash units to run ours with")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds; each runs every manager once, in alternating order")
     args = ap.parse_args()
     spec = get_preset(args.model)
     cap = parse_size(args.capacity)
     reqs = generate("chat", args.requests, seed=args.seed, tenants=2)
-    rows = []
-    for unit in (int(u) for u in args.units.split(",")):
-        gc.collect()  # each run starts without the previous one's garbage to trace
-        t, hit, prompt = run_ours(spec, cap, reqs, unit)
-        rows.append((f"hybridcache (hash unit {unit})", t, hit / prompt))
-    gc.collect()
-    native = run_native(spec, cap, reqs)
-    if native is not None:
-        rows.append((f"vllm KVCacheManager (align, block {native[2]})", native[0], native[1]))
+    units = [int(u) for u in args.units.split(",")]
+    names = [f"hybridcache (hash unit {u})" for u in units]
+    times: dict[str, list[list[float]]] = {}
+    rates: dict[str, float] = {}
+    native_name = None
+    warm = reqs[:200]  # untimed: the first run in a process pays for cold caches
+    for unit in units:
+        run_ours(spec, cap, warm, unit)
+    run_native(spec, cap, warm)
+    for rnd in range(args.repeat):
+        # Alternate the order so that a machine that speeds up or slows down during the
+        # run favours neither side; ratios are taken within a round.
+        jobs: list = [("ours", u, n) for u, n in zip(units, names)] + [("vllm", 0, "")]
+        for kind, unit, name in (jobs if rnd % 2 == 0 else jobs[::-1]):
+            gc.collect()  # each run starts without the previous one's garbage to trace
+            if kind == "ours":
+                t, hit, prompt = run_ours(spec, cap, reqs, unit)
+                times.setdefault(name, []).append(t)
+                rates[name] = hit / prompt
+                continue
+            native = run_native(spec, cap, reqs)
+            if native is None:
+                continue
+            native_name = f"vllm KVCacheManager (align, block {native[2]})"
+            times.setdefault(native_name, []).append(native[0])
+            rates[native_name] = native[1]
     print(f"{len(reqs)} requests ({sum(r.input_length for r in reqs):,} prompt tokens), "
-          f"{args.model}, {args.capacity}")
-    print(f"{'manager':<44}{'median us':>11}{'p90 us':>9}{'hit rate':>10}")
-    for name, t, rate in rows:
-        q = statistics.quantiles(t, n=10)
-        print(f"{name:<44}{statistics.median(t) * 1e6:>11.0f}{q[8] * 1e6:>9.0f}{rate:>10.3f}")
-    if native is not None:
-        for name, t, rate in rows[:-1]:
-            r_t = statistics.median(t) / statistics.median(native[0])
-            print(f"{name} / vLLM median time: {r_t:.2f}x; hit rate {rate:.3f} vs {native[1]:.3f}")
+          f"{args.model}, {args.capacity}, {args.repeat} round(s); per round: median us per request")
+    print(f"{'manager':<44}{'median us':>11}{'p90 us':>9}{'hit rate':>10}   rounds")
+    med = {name: [statistics.median(t) for t in ts] for name, ts in times.items()}
+    for name, ts in times.items():
+        q = statistics.quantiles([x for t in ts for x in t], n=10)
+        per = " ".join(f"{m * 1e6:.0f}" for m in med[name])
+        print(f"{name:<44}{statistics.median(med[name]) * 1e6:>11.0f}{q[8] * 1e6:>9.0f}"
+              f"{rates[name]:>10.3f}   {per}")
+    if native_name is not None:
+        for name in names:
+            ratios = [a / b for a, b in zip(med[name], med[native_name])]
+            print(f"{name} / vLLM median time: {statistics.median(ratios):.2f}x "
+                  f"(rounds: {' '.join(f'{r:.2f}' for r in ratios)}); "
+                  f"hit rate {rates[name]:.3f} vs {rates[native_name]:.3f}")
 
 
 if __name__ == "__main__":
