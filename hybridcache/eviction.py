@@ -66,6 +66,13 @@ class EvictingAllocator:
     evict_kv: Callable[[Node], None]
     evict_snapshot: Callable[..., int]
 
+    def _init_eviction(self) -> None:
+        """Settings read on every victim choice, fixed once the index is built."""
+        self._marconi = self.eviction == "marconi"
+        # A slot needs an empty block: with several pages per block, only KV in slabs
+        # that no request pins can help (see alloc_slot).
+        self._slot_pred = self._in_unpinned_slab if self.arena.layout.pages_per_block > 1 else None
+
     def _marconi_next(self, pred: PagesPred | None) -> tuple[str, Node] | None:
         """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
         satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
@@ -96,7 +103,7 @@ class EvictingAllocator:
     def _choose(self, pred: PagesPred | None, aside: list) -> tuple[str, Node] | None:
         """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
         (see :meth:`EvictionQueue.first` for ``aside``)."""
-        if self.eviction == "marconi":
+        if self._marconi:
             # Marconi ranks a bounded window of candidates: if none of its KV candidates
             # is in an unpinned slab, take its best entry rather than stall.
             got = self._marconi_next(pred)
@@ -166,7 +173,7 @@ class EvictingAllocator:
         s = self.arena.alloc_slot()
         if s is not None:
             return s
-        pred = self._in_unpinned_slab if self.arena.layout.pages_per_block > 1 else None
+        pred = self._slot_pred
         batch = self._aside is not None
         aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:

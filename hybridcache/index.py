@@ -203,6 +203,7 @@ class PrefixIndex(EvictingAllocator):
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
         self.kv_q.unit = self.handle  # per-unit queues key their entries by handle
+        self._init_eviction()
 
     # ------------------------------------------------------------------ units
     def handle(self, run: Run, pos: int) -> Node:
@@ -477,6 +478,8 @@ class PrefixIndex(EvictingAllocator):
         if node.run is None:
             del self.handles[node.digest]
             del self.bare[node.digest]
+        elif not self.kv_q.keys_handles:
+            del self.handles[node.digest]  # KV only again: made anew if anyone asks
         return slot if keep_slot else -1
 
     def _account(self, kind: str, node: Node, nbytes: int) -> None:

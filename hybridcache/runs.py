@@ -236,6 +236,8 @@ class RunValueQueue:
     a tail's priority may have changed, and stale or pinned ones are dropped at the top.
     """
 
+    keys_handles = False  # entries are runs (see EvictionQueue.keys_handles)
+
     def __init__(self, clock: Clock, scale: float, nbytes: int, unit: UnitOf) -> None:
         """Args:
             clock: the aging clock shared with the snapshot queue.
