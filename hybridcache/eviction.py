@@ -10,11 +10,18 @@ whole slab cost up to half the hit rate at small budgets). Pinned-slab entries a
 once per allocation (or per :meth:`EvictingAllocator.slot_batch`), not rescanned per victim;
 when the victim is a snapshot, the slot allocation takes its slot over.
 
-The mixin holds no state of its own: it works on the index's queues, arena and counts.
+A slab is unpinned when all its pages are registered (no request's private page: the
+index's per-block registered count equals the arena's used count) and none lies in a held
+run prefix. The pinned blocks are worked out from the held runs' block segments only when a
+slot allocation asks and the holds changed since: holds change on every request, slot
+allocations that may take KV are rarer, so no per-block count moves on a hold or release.
+
+The mixin keeps only that cache: it works on the index's queues, arena and counts.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +66,10 @@ class EvictingAllocator:
     marconi_alpha: float
     marconi_window: int
     _marconi_ranked: list
-    _evictable_pages: list[int]
+    _registered: list[int]
+    _held_runs: set
+    _pinned: set[int]
+    _pinned_stale: bool
     _ppb: int
     _aside: list | None
     _batch: SlotBatch
@@ -122,12 +132,25 @@ class EvictingAllocator:
     def _in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
         holds only evictable pages (no running request's page, cached or private)."""
-        ev, used, ppb = self._evictable_pages, self.arena.used_per_block, self._ppb
+        if self._pinned_stale:
+            self._find_pinned()
+        pinned, reg, used, ppb = self._pinned, self._registered, self.arena.used_per_block, self._ppb
         for p in pages:
             b = p // ppb
-            if ev[b] == used[b]:
+            if reg[b] == used[b] and b not in pinned:  # no private page, no held one
                 return True
         return False
+
+    def _find_pinned(self) -> None:
+        """The blocks that hold a page of a held run prefix (worked out once per change of
+        the holds that a slot allocation sees: a few runs, one step per block segment)."""
+        pinned: set[int] = set()
+        for run in self._held_runs:
+            held = run.held
+            for starts, blocks in run.segs:
+                pinned.update(blocks[: bisect_left(starts, held)])
+        self._pinned = pinned
+        self._pinned_stale = False
 
     def evict_one(self) -> bool:
         """Evict the lowest-ranked entry of either kind (what freeing a page needs); returns

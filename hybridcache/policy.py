@@ -104,9 +104,6 @@ class EvictionQueue:
     #: The index's handle maker ``(run, pos) -> Node``: a per-unit queue keys its entries by
     #: the units' handles (set by the index).
     unit: Callable[[Any, int], Any]
-    #: Entries are units' handles, which must stay the same objects while queued (a per-run
-    #: queue sets this False, so the index may drop a handle it no longer needs).
-    keys_handles = True
 
     def hold_range(self, run: Any, lo: int, hi: int) -> None:
         """Units ``[lo, hi)`` of ``run`` became held."""

@@ -7,9 +7,9 @@ digests are chained, any path from the first unit that reaches ``R[j]`` passes t
 *prefix* ``[0, end)`` of it. That turns per-unit bookkeeping into per-run bookkeeping:
 
 - **Holds.** A run keeps a multiset of hold ends; units ``[0, held)`` are pinned, where
-  ``held`` is the largest end. Holding or releasing a 170-unit prefix is one dict update
-  (plus the per-block evictable-page counts, kept per run as block segments), not 170 node
-  updates.
+  ``held`` is the largest end. Holding or releasing a 170-unit prefix is one dict update,
+  not 170 node updates. Which arena blocks a held prefix pins is read from the run's block
+  segments (one step per block) when a slot allocation asks.
 - **Value ranking.** A unit's hits and last release only grow towards the head of its run
   (whoever used ``R[j]`` used ``R[0..j)`` too), so the tail is always a run's lowest-ranked
   unit. :class:`RunValueQueue` queues one entry per run, its tail; evicting it exposes the
@@ -235,8 +235,6 @@ class RunValueQueue:
     so the heap holds tails only. Entries are lazy: :meth:`touch` pushes a fresh entry when
     a tail's priority may have changed, and stale or pinned ones are dropped at the top.
     """
-
-    keys_handles = False  # entries are runs (see EvictionQueue.keys_handles)
 
     def __init__(self, clock: Clock, scale: float, nbytes: int, unit: UnitOf) -> None:
         """Args:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from hybridcache.arena import KV
 from hybridcache.manager import HybridCacheManager
 from hybridcache.spec import (
     AttentionGroupSpec,
@@ -52,7 +53,8 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
     index = m.index
     used = {d for req in m.requests.values() for d in req.hasher.digests[: req.units]}
     ppb = max(m.layout.pages_per_block, 1)
-    evictable = [0] * m.layout.num_blocks
+    registered = [0] * m.layout.num_blocks
+    held_blocks: set[int] = set()
     runs = list(index.heads.values())
     units = {d: (run, pos) for run in runs for pos, d in enumerate(run.digests)}
     assert len(units) == sum(len(r) for r in runs), "a unit in two runs"
@@ -67,16 +69,25 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
             assert node is None or (node.run is run and node.depth == run.first + pos and node.tenant == run.tenant)
             ref = run.ref(pos)
             assert (ref > 0) == (d in used), "held iff a live request uses it"
+            for p in run.unit_pages(pos):
+                registered[p // ppb] += 1
+                if ref:
+                    held_blocks.add(p // ppb)
             if ref == 0:
-                for p in run.unit_pages(pos):
-                    evictable[p // ppb] += 1
                 if m.config.eviction == "value":
                     free.append(index.kv_q.unit_priority(run, pos))
     for d, node in index.handles.items():
         assert node.digest == d and (d in units or node.snap >= 0), "empty handle kept"
         assert (node.run is None) == (d not in units) == (d in index.bare)
     assert set(index.bare) <= set(index.handles)
-    assert index._evictable_pages == evictable, "evictable pages per block"
+    assert index._registered == registered, "registered pages per block"
+    assert index._held_runs == {r for r in runs if r.held}, "held runs"
+    # A slab is a slot allocation's KV target iff every page in it is cached and unheld.
+    arena = m.arena
+    for b in range(m.layout.num_blocks):
+        if arena.block_kind(b) == KV and m.layout.pages_per_block > 1:
+            want = registered[b] == arena.used_per_block[b] and b not in held_blocks
+            assert index._in_unpinned_slab((b * ppb,)) == want, f"slab {b}"
     if m.config.eviction == "value":
         top = index.kv_q.peek()
         assert (top is None) == (not free)
