@@ -222,6 +222,13 @@ class Arena:
         """A free state slot id, or ``None`` when no slot and no free block is left."""
         if not self._free_blocks and not self._open[STATE]:
             return None  # the common answer of a full arena, without the general path
+        if self.layout.slots_per_block == 1 and self._free_blocks:  # a snapshot fills a block
+            b = self._free_blocks.pop()
+            self._kind[b] = STATE
+            self._live[STATE][b] = 1
+            self.used_per_block[b] = 1
+            self.slots_in_use += 1
+            return b
         got = self._take(STATE, self.layout.slots_per_block, 1)
         if not got:
             return None
