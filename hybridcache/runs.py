@@ -108,7 +108,10 @@ class Run:
 
     def unit_pages(self, pos: int) -> tuple[int, ...]:
         """The pages of the unit at ``pos``, one per group."""
-        return tuple(p[pos] for p in self.pages)
+        pages = self.pages
+        if len(pages) == 1:  # one attention group: no generator (a victim scan asks often)
+            return (pages[0][pos],)
+        return tuple([p[pos] for p in pages])
 
     def ref(self, pos: int) -> int:
         """Holds covering the unit at ``pos`` (its reference count)."""
