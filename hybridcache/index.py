@@ -79,7 +79,10 @@ class Node:
     def pages(self) -> tuple[int, ...] | None:
         """The unit's KV pages, one per attention group (``None``: no KV)."""
         run = self.run
-        return None if run is None else run.unit_pages(self.depth - run.first)
+        if run is None:
+            return None
+        pos, pages = self.depth - run.first, run.pages
+        return (pages[0][pos],) if len(pages) == 1 else run.unit_pages(pos)
 
     @property
     def kv_ref(self) -> int:
