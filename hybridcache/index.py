@@ -236,6 +236,18 @@ class PrefixIndex(EvictingAllocator):
                 return self.handle(run, u - run.first)
         return None
 
+    def has_kv_at(self, digests: Sequence[Digest], i: int, before: Run | None) -> bool:
+        """Unit ``i`` of a chain has KV, given ``before``, the run holding unit ``i - 1``
+        (``None`` if it has no KV or ``i == 0``): the unit starts a run, or ``before``
+        continues with it (no other run can hold it)."""
+        d = digests[i]
+        if d in self.heads:
+            return True
+        if before is None:
+            return False
+        p = i - before.first
+        return p < len(before.digests) and before.digests[p] == d
+
     def chain_holds(self, digests: Sequence[Digest], lo: int, hi: int) -> list[Hold]:
         """The holds that pin units ``[lo, hi)`` of a chain that have KV (others skipped):
         one per run, from its first unit up to the deepest of them in it.

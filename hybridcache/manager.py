@@ -35,7 +35,7 @@ from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
 from hybridcache.requests import Request, admission_points
-from hybridcache.runs import Hold, Run, hold_tables, truncate_holds
+from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
 
@@ -410,7 +410,7 @@ class HybridCacheManager(SavePointControl):
         index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
         registered, i = 0, req.units
         while i < full_units:
-            if self._has_kv(req, i):
+            if index.has_kv_at(digests, i, req.held_run(i - 1) if i else None):
                 # Cached already (past a snapshot-limited hit, or computed meanwhile by
                 # another request): keep our private pages, hold the cached ones.
                 j, path = index.kv_path(digests, full_units)  # exact: walked from unit 0
@@ -441,33 +441,13 @@ class HybridCacheManager(SavePointControl):
             registered += n * len(req.pages)
         self.metrics.kv_pages_registered += registered
 
-    def _has_kv(self, req: Request, i: int) -> bool:
-        """Unit ``i``, just past the request's registered units, has KV: it starts a run,
-        or the run holding unit ``i - 1`` continues with it (no other run can hold it)."""
-        d = req.hasher.digests[i]
-        if d in self.index.heads:
-            return True
-        run = self._held_run(req, i - 1) if i else None
-        if run is None:
-            return False
-        p = i - run.first
-        return p < len(run.digests) and run.digests[p] == d
-
-    @staticmethod
-    def _held_run(req: Request, u: int) -> Run | None:
-        """The run holding unit ``u``, one of the request's registered units."""
-        for run, end in reversed(req.holds):
-            if run.first <= u < run.first + end:
-                return run
-        return None
-
     def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
         index, u = self.index, boundary // self.unit - 1
         if u >= req.units:  # not registered by this request: no KV it holds
             self.arena.free_slot(slot)
             return
         node = index.handles.get(req.hasher.digests[u])
-        run = node.run if node is not None else self._held_run(req, u)
+        run = node.run if node is not None else req.held_run(u)
         if run is None or (node is not None and node.snap >= 0):
             self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return

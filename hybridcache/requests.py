@@ -11,6 +11,7 @@ import bisect
 from hybridcache.hashing import TokenHasher
 from hybridcache.index import Node
 from hybridcache.policy import AdmissionPolicy
+from hybridcache.runs import Run
 
 
 class Request:
@@ -62,6 +63,13 @@ class Request:
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []
         self.hit_holds: list = []
+
+    def held_run(self, u: int) -> Run | None:
+        """The run holding unit ``u``, one of the registered units ``[0, units)``."""
+        for run, end in reversed(self.holds):
+            if run.first <= u < run.first + end:
+                return run
+        return None
 
     def last_snapshot_boundary(self, boundary: int) -> int:
         """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""
