@@ -35,14 +35,13 @@ from hybridcache.runs import (
     Hold,
     Run,
     RunValueQueue,
-    path_holds,
     pop_tail,
     shift_blocks,
     split,
     truncate_holds,
 )
 
-__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitView", "path_holds", "truncate_holds"]
+__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitView", "truncate_holds"]
 
 Digest = bytes
 
@@ -265,14 +264,6 @@ class PrefixIndex(EvictingAllocator):
         return holds
 
     # ------------------------------------------------------------------ holding
-    def hold_path(self, nodes: Sequence[Node]) -> list[Hold]:
-        """Hold every node of a matched path (units from the first, in order; gaps allowed
-        where a unit has no KV): their pages cannot be evicted. Returns the holds, which
-        :meth:`release_runs` takes back (or :meth:`release_path` with the same nodes)."""
-        holds = path_holds(nodes)
-        self.hold_runs(holds)
-        return holds
-
     def hold_runs(self, holds: Sequence[Hold]) -> None:
         """Take the holds ``(run, end)``: units ``[0, end)`` of each run are pinned."""
         q = self.kv_q
@@ -286,10 +277,6 @@ class PrefixIndex(EvictingAllocator):
                     self._held_runs.add(run)
                 self._pinned_stale = True
                 q.hold_range(run, old, end)
-
-    def release_path(self, nodes: Sequence[Node], tick: int) -> None:
-        """Release what :meth:`hold_path` (or registration) took for ``nodes``."""
-        self.release_runs(path_holds(nodes), tick)
 
     def release_runs(self, holds: Sequence[Hold], tick: int) -> None:
         """Release holds; units no longer held become evictable. Deepest first: under LRU

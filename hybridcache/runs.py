@@ -425,27 +425,6 @@ class RunValueQueue:
         return self._live
 
 
-def path_holds(nodes: Sequence[Node]) -> list[Hold]:
-    """The holds that pin ``nodes`` (a path in unit order): one per run, up to the deepest
-    of its nodes in the path."""
-    holds: list[Hold] = []
-    cur: Run | None = None
-    end = 0
-    for node in nodes:
-        run = node.run
-        if run is None:
-            raise AssertionError(f"hold of {node}, which has no KV")
-        if run is not cur:
-            if cur is not None:
-                holds.append((cur, end))
-            cur, end = run, 0
-        if node.pos >= end:
-            end = node.pos + 1
-    if cur is not None:
-        holds.append((cur, end))
-    return holds
-
-
 def hold_tables(holds: Sequence[Hold], groups: int) -> list[list[int]]:
     """Block tables, per attention group, of a walked path's units: the path crosses each
     run of ``holds`` from its first unit (:meth:`PrefixIndex.kv_path`), so the tables are
