@@ -78,10 +78,7 @@ class Node:
     def pages(self) -> tuple[int, ...] | None:
         """The unit's KV pages, one per attention group (``None``: no KV)."""
         run = self.run
-        if run is None:
-            return None
-        pos, pages = self.depth - run.first, run.pages
-        return (pages[0][pos],) if len(pages) == 1 else run.unit_pages(pos)
+        return None if run is None else run.unit_pages(self.depth - run.first)
 
     @property
     def kv_ref(self) -> int:
@@ -208,12 +205,12 @@ class PrefixIndex(EvictingAllocator):
             self.snap_q: EvictionQueue = LRUQueue()
         elif eviction == "value":
             clock = Clock()
-            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes, self.handle)  # type: ignore[assignment]
+            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes)  # type: ignore[assignment]
             self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
         else:
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
-        self.kv_q.unit = self.handle  # per-unit queues key their entries by handle
+        self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
         self._init_eviction()
 
     # ------------------------------------------------------------------ units

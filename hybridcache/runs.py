@@ -239,16 +239,17 @@ class RunValueQueue:
     a tail's priority may have changed, and stale or pinned ones are dropped at the top.
     """
 
-    def __init__(self, clock: Clock, scale: float, nbytes: int, unit: UnitOf) -> None:
+    #: The index's handle maker, set by the index as on every queue: only the victims that
+    #: :meth:`peek` and :meth:`first` return get a handle, not every queued unit.
+    unit: UnitOf
+
+    def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         """Args:
             clock: the aging clock shared with the snapshot queue.
             scale: FLOPs per byte of one priority unit.
             nbytes: bytes of one KV unit.
-            unit: the index's handle maker, for the victims :meth:`peek` and :meth:`first`
-                return (only victims get a handle, not every queued unit).
         """
         self._clock = clock
-        self._unit = unit
         self._per = 1.0 / (nbytes or 1) / scale
         # (priority, release number, entry id, run): equal priorities go in release order
         # (a run's units released together drain tail first, before later releases).
@@ -338,7 +339,7 @@ class RunValueQueue:
         if not self._heap:
             return None
         prio, _, _, run = self._heap[0]
-        return prio, self._unit(run, len(run.digests) - 1)
+        return prio, self.unit(run, len(run.digests) - 1)
 
     def peek_priority(self) -> float | None:
         """:meth:`peek`'s priority, without making the victim's handle."""
@@ -363,13 +364,13 @@ class RunValueQueue:
                 heapq.heappop(cands)
             if cands and (not heap or cands[0][:2] <= heap[0][:2]):
                 c = cands[0]
-                return c[0], self._unit(c[5], c[3])
+                return c[0], self.unit(c[5], c[3])
             if not heap:
                 return None
             prio, order, seq, run = heap[0]
             tail = len(run.digests) - 1
             if pred(run.unit_pages(tail)):
-                return prio, self._unit(run, tail)
+                return prio, self.unit(run, tail)
             aside.append(heapq.heappop(heap))
             self._offer(run, pred, tail - 1)
 
