@@ -142,7 +142,7 @@ class HybridCacheManager(SavePointControl):
         by a snapshot (for models with state), and never the whole prompt: the last token
         is always recomputed so that the engine has logits to sample from.
         """
-        req = self.requests.get(request_id) or self._get(request_id)
+        req = self._get(request_id)
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
         kv_units, snap_units, _, _ = self._walk(req)
@@ -168,7 +168,7 @@ class HybridCacheManager(SavePointControl):
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
         """Append generated (or accepted draft) tokens to the request's known tokens."""
-        req = self.requests.get(request_id) or self._get(request_id)
+        req = self._get(request_id)
         arr = as_token_array(token_ids, f"request {request_id!r} appended token ids")
         if req.num_tokens + len(arr) > self.spec.max_model_len:
             raise InvalidRequestError(
@@ -192,7 +192,7 @@ class HybridCacheManager(SavePointControl):
             InvalidRequestError: bad counts or lengths (nothing changed).
             OutOfSpaceError: not enough evictable memory (nothing changed).
         """
-        req = self.requests.get(request_id) or self._get(request_id)
+        req = self._get(request_id)
         if num_new_tokens <= 0:
             raise InvalidRequestError(f"request {request_id!r}: num_new_tokens must be > 0")
         if not 0 <= num_draft < num_new_tokens:
@@ -365,7 +365,7 @@ class HybridCacheManager(SavePointControl):
         Raises:
             InvalidRequestError: more tokens than allocated, or fewer than already committed.
         """
-        req = self.requests.get(request_id) or self._get(request_id)
+        req = self._get(request_id)
         n = num_computed_tokens
         if not req.allocated or n > req.num_allocated:
             raise InvalidRequestError(
@@ -451,7 +451,7 @@ class HybridCacheManager(SavePointControl):
         if run is None or (node is not None and node.snap >= 0):
             self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return
-        quota = self._quota(req.tenant) if self.config.tenant_quotas else None
+        quota = self._quota(req.tenant)
         if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
             self.metrics.quota_rejections += 1
             self.arena.free_slot(slot)
@@ -494,7 +494,7 @@ class HybridCacheManager(SavePointControl):
         copy); pages and save points past it are released, so a snapshot of a rejected
         token is never registered.
         """
-        req = self.requests.get(request_id) or self._get(request_id)
+        req = self._get(request_id)
         n_step = req.num_allocated - req.step_start
         if not 1 <= num_accepted <= n_step:
             raise InvalidRequestError(

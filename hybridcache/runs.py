@@ -433,11 +433,6 @@ def hold_tables(holds: Sequence[Hold], groups: int) -> list[list[int]]:
     if len(holds) == 1:  # the common case: the hit lies in one run
         run, end = holds[0]
         return [pages[:end] for pages in run.pages]
-    if groups == 1:
-        table: list[int] = []
-        for run, end in holds:
-            table += run.pages[0][:end]
-        return [table]
     tables: list[list[int]] = [[] for _ in range(groups)]
     for run, end in holds:
         for t, pages in zip(tables, run.pages):
