@@ -220,15 +220,6 @@ class Arena:
 
     def alloc_slot(self) -> int | None:
         """A free state slot id, or ``None`` when no slot and no free block is left."""
-        if not self._free_blocks and not self._open[STATE]:
-            return None  # the common answer of a full arena, without the general path
-        if self.layout.slots_per_block == 1 and self._free_blocks:  # a snapshot fills a block
-            b = self._free_blocks.pop()
-            self._kind[b] = STATE
-            self._live[STATE][b] = 1
-            self.used_per_block[b] = 1
-            self.slots_in_use += 1
-            return b
         got = self._take(STATE, self.layout.slots_per_block, 1)
         if not got:
             return None
@@ -249,10 +240,10 @@ class Arena:
         """Up to ``n`` free entries of ``kind``, marked live: from the most recently opened
         block of that kind first, then from fresh blocks (lowest entry first)."""
         out: list[int] = []
-        if per_block == 0 or n <= 0:
-            return out
-        live, used, kinds, entry_free = self._live[kind], self.used_per_block, self._kind, self._entry_free
         open_blocks = self._open[kind]
+        if per_block == 0 or n <= 0 or not (open_blocks or self._free_blocks):
+            return out  # a full arena answers here: eviction loops ask it after every victim
+        live, used, kinds, entry_free = self._live[kind], self.used_per_block, self._kind, self._entry_free
         while len(out) < n:
             want = n - len(out)
             if open_blocks:
