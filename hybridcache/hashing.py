@@ -155,27 +155,36 @@ def hash_units(
     algo: str = "xxh3_128",
     first_unit: int = 0,
     extras: dict[int, bytes] | None = None,
+    head: bytes = b"",
 ) -> list[Digest]:
     """Digests of every *full* unit of ``tokens`` (already ``uint32``), chained from ``parent``.
 
     Args:
-        tokens: validated token ids starting at unit ``first_unit``.
+        tokens: validated token ids starting at unit ``first_unit`` (after ``head``).
         unit: tokens per hash unit.
         parent: digest of the unit before (or the root digest).
         algo: ``xxh3_128`` or ``sha256``.
         first_unit: absolute index of the first unit (for ``extras`` look-ups).
         extras: extra key bytes by absolute unit index (multimodal items).
+        head: the first unit's ids seen before ``tokens`` (an incremental hasher's partial
+            unit), as little-endian ``uint32`` bytes; shorter than a unit.
 
     Returns:
         One digest per full unit; a trailing partial unit is not hashed.
     """
     fn = hash_function(algo)
+    units: list[bytes] = []
+    if head:
+        need = unit - len(head) // 4
+        if len(tokens) < need:
+            return []
+        units.append(head + _le_bytes(tokens[:need]))
+        tokens = tokens[need:]
     n_full = len(tokens) // unit
-    if n_full == 0:
-        return []
-    # One bytes object per unit straight from numpy (a void view keeps trailing zero bytes,
-    # unlike an "S" view): no Python-level slicing of one big buffer per unit.
-    units = np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(_void(unit * 4)).tolist()
+    if n_full:
+        # One bytes object per unit straight from numpy (a void view keeps trailing zero
+        # bytes, unlike an "S" view): no Python-level slicing of one big buffer per unit.
+        units += np.ascontiguousarray(tokens[: n_full * unit], dtype="<u4").view(_void(unit * 4)).tolist()
     h = parent
     if not extras:
         return [h := fn(h + blob) for blob in units]
@@ -218,25 +227,17 @@ class TokenHasher:
 
     def extend_validated(self, arr: np.ndarray) -> list[Digest]:
         """:meth:`extend` for an already validated ``uint32`` array."""
-        n = len(arr)
-        if n == 0:
+        if len(arr) == 0:
             return []
-        unit, tail, extras = self.unit, self._tail, self._extras
+        unit, tail = self.unit, self._tail
         parent = self.digests[-1] if self.digests else self.root
-        new: list[Digest] = []
-        if tail:  # complete the partial unit first: no copy of the whole array
-            need = unit - len(tail) // 4
-            if n < need:
-                self._tail = tail + _le_bytes(arr)
-                self.num_tokens += n
-                return new
-            extra = extras.get(len(self.digests), b"") if extras else b""
-            parent = hash_function(self.algo)(parent + tail + _le_bytes(arr[:need]) + extra)
-            new.append(parent)
-            arr = arr[need:]
-        new += hash_units(arr, unit, parent, self.algo, len(self.digests) + len(new), extras)
+        new = hash_units(arr, unit, parent, self.algo, len(self.digests), self._extras, tail)
         self.digests += new
-        rest = len(arr) % unit
-        self._tail = _le_bytes(arr[len(arr) - rest :]) if rest else b""
+        # The partial unit is kept as bytes and completed first: an append copies no array.
+        rest = (len(tail) // 4 + len(arr)) % unit
+        if not new:
+            self._tail = tail + _le_bytes(arr)
+        else:
+            self._tail = _le_bytes(arr[len(arr) - rest :]) if rest else b""
         self.num_tokens = len(self.digests) * unit + rest
         return new

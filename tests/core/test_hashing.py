@@ -76,10 +76,13 @@ def test_multimodal_identifier_changes_only_covered_units_and_after():
 
 @settings(max_examples=60, deadline=None)
 @given(tokens=st.lists(st.integers(0, 2**32 - 1), max_size=200), cuts=st.lists(st.integers(0, 200), max_size=5))
-def test_incremental_equals_one_shot(tokens, cuts):
-    one = TokenHasher(8)
+@pytest.mark.parametrize("mm", [(), tuple(MultiModalItem(f"img{k}", offset=8 * k + 3, length=8) for k in range(25))])
+def test_incremental_equals_one_shot(tokens, cuts, mm):
+    """Appends in any pieces give the one-shot digests: a partial unit is completed first,
+    with the multimodal keys of the unit it completes."""
+    one = TokenHasher(8, mm_items=mm)
     one.extend(tokens)
-    inc = TokenHasher(8)
+    inc = TokenHasher(8, mm_items=mm)
     prev = 0
     for c in sorted(set(min(c, len(tokens)) for c in cuts)) + [len(tokens)]:
         inc.extend(tokens[prev:c])
