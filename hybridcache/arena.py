@@ -201,11 +201,8 @@ class Arena:
     # ------------------------------------------------------------------ allocation
     def alloc_page(self) -> int | None:
         """A free KV page id, or ``None`` when no page and no free block is left."""
-        got = self._take(KV, self.layout.pages_per_block, 1)
-        if not got:
-            return None
-        self.pages_in_use += 1
-        return got[0]
+        got = self.alloc_pages(1)
+        return got[0] if got else None
 
     def alloc_pages(self, n: int) -> list[int]:
         """Up to ``n`` free KV page ids (fewer when the arena runs out), in the order that
