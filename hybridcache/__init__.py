@@ -8,6 +8,7 @@ for the path of one request and ``docs/api.md`` for the public API. Side package
 
 from hybridcache.errors import (
     CapacityError,
+    ConfigError,
     HybridCacheError,
     InvalidRequestError,
     OutOfSpaceError,
@@ -27,6 +28,7 @@ __all__ = [
     "CacheConfig",
     "CacheMetrics",
     "CapacityError",
+    "ConfigError",
     "CopyPlan",
     "HybridCacheError",
     "HybridCacheManager",

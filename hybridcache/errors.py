@@ -24,6 +24,11 @@ class UnknownNameError(HybridCacheError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class ConfigError(HybridCacheError, ValueError):
+    """An invalid setting (a :class:`~hybridcache.plans.CacheConfig` field, a manager or
+    hasher argument); raised at construction and the message names the field."""
+
+
 class CapacityError(HybridCacheError, ValueError):
     """The budget cannot hold what the spec needs (for example one snapshot)."""
 

@@ -30,7 +30,8 @@ from functools import lru_cache
 import numpy as np
 import xxhash
 
-from hybridcache.errors import InvalidRequestError, UnknownNameError
+from hybridcache.errors import ConfigError, InvalidRequestError, UnknownNameError
+from hybridcache.validation import as_count, check_key, check_text
 
 Digest = bytes
 
@@ -74,29 +75,59 @@ def root_digest(
     tenant: str | None = None,
     lora: str | int | None = None,
 ) -> Digest:
-    """Digest that starts a request's chain; tenant and LoRA enter here (see module doc)."""
+    """Digest that starts a request's chain; tenant and LoRA enter here (see module doc).
+
+    Each part is written with a type tag and its length, so no two different
+    ``(seed, tenant, lora)`` give the same bytes: joining with a separator would let a
+    tenant ``"x\\0l\\0sy"`` with LoRA ``"z"`` share the chain of tenant ``"x"`` with LoRA
+    ``"y\\0l\\0sz"``. A LoRA given as ``int`` and the same digits as ``str`` differ too.
+
+    Raises:
+        ConfigError: ``seed`` is not text.
+        InvalidRequestError: ``tenant`` or ``lora`` of a wrong type, or not valid text.
+    """
     fn = hash_function(algo)
-    parts = [b"hybridcache/v1", seed.encode(), b"t", _key_bytes(tenant), b"l", _key_bytes(lora)]
-    return fn(b"\x00".join(parts))
+    if not isinstance(seed, str):
+        raise ConfigError(f"hash_seed must be a str, got {type(seed).__name__}")
+    check_key(tenant, lora)
+    parts = (
+        _field(b"s", check_text(seed, "hash_seed", ConfigError)),
+        _key_field(tenant, "tenant"),
+        _key_field(lora, "lora"),
+    )
+    return fn(b"hybridcache/v2" + b"".join(parts))
 
 
-def _key_bytes(value: str | bytes | int | None) -> bytes:
+def _field(tag: bytes, data: bytes) -> bytes:
+    """``tag || len(data) as 8 bytes || data``: self-delimiting."""
+    return tag + len(data).to_bytes(8, "little") + data
+
+
+def _key_field(value: str | int | None, what: str) -> bytes:
     if value is None:
-        return b"\xff"  # distinct from every encoded string
-    if isinstance(value, bytes):
-        return b"b" + value
-    return b"s" + str(value).encode()
+        return _field(b"n", b"")
+    if isinstance(value, str):
+        return _field(b"s", check_text(value, what))
+    return _field(b"i", str(int(value)).encode())
 
 
 def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") -> np.ndarray:
-    """Validate and convert token ids to ``uint32``.
+    """Validate and convert token ids to native ``uint32``.
+
+    Any integer dtype and byte order is accepted (a big-endian ``int64`` array is read by
+    value, never truncated); Python ints too. A flat native ``uint32`` array is returned
+    as is: that is what the hasher reads, and the engine's common input.
 
     Raises:
-        InvalidRequestError: non-integer ids, negative ids or ids that do not fit 32 bits.
+        InvalidRequestError: non-integer ids (float, bool, object, str), negative ids, ids
+            that do not fit 32 bits, or a shape that is not flat.
     """
     if type(tokens) is np.ndarray and tokens.dtype == _U32 and tokens.ndim == 1:
         return tokens  # already what the hasher reads: nothing to check or convert
-    arr = np.asarray(tokens)
+    try:
+        arr = np.asarray(tokens)
+    except (TypeError, ValueError, OverflowError) as e:  # ragged nesting, huge ints
+        raise InvalidRequestError(f"{what}: not a flat sequence of integers ({e})") from None
     if arr.ndim != 1:
         if arr.size == 0:
             return np.zeros(0, dtype=np.uint32)
@@ -104,7 +135,9 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
     if arr.size == 0:
         return np.zeros(0, dtype=np.uint32)
     if arr.dtype.kind not in "iu":
-        raise InvalidRequestError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+        _reject_non_integer(arr, what)
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))  # the checks below read native values
     if arr.dtype.itemsize <= 4 and arr.dtype.kind == "u":
         return arr.astype(np.uint32, copy=False)
     # One pass for the common case: negative ids wrap to huge unsigned values.
@@ -119,22 +152,67 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
     return arr.astype(np.uint32, copy=False)
 
 
+def _reject_non_integer(arr: np.ndarray, what: str) -> None:
+    """Raise for an array that is not of an integer dtype, naming the first bad id.
+
+    An ``object`` array of Python ints is what numpy makes of ids beyond 64 bits: those are
+    integers out of range, and the message says so.
+    """
+    if arr.dtype.kind == "O":
+        for i, v in enumerate(arr.tolist()):
+            if isinstance(v, bool) or not isinstance(v, int):
+                break
+            if not 0 <= v <= _MAX_TOKEN:
+                raise InvalidRequestError(f"{what}: token id {v} at index {i} is outside [0, 2^32-1]")
+    raise InvalidRequestError(f"{what}: token ids must be integers, got dtype {arr.dtype}")
+
+
 def _unit_extras(
     items: Iterable[MultiModalItem], unit: int, algo: str
 ) -> dict[int, bytes]:
     """Extra key bytes per unit index for the multimodal items that overlap it."""
     fn = hash_function(algo)
     extras: dict[int, list[bytes]] = {}
-    for item in items:
-        if item.offset < 0 or item.length <= 0:
-            raise InvalidRequestError(
-                f"multimodal item {item.identifier!r}: offset must be >= 0 and length > 0"
-            )
+    for item in check_mm_items(items):
         ident = item.identifier if isinstance(item.identifier, bytes) else item.identifier.encode()
         tag = fn(ident + b"@" + str(item.offset).encode())
         for u in range(item.offset // unit, (item.offset + item.length - 1) // unit + 1):
             extras.setdefault(u, []).append(tag)
     return {u: b"".join(tags) for u, tags in extras.items()}
+
+
+def check_mm_items(items: object) -> list[MultiModalItem]:
+    """The items as a list, each a :class:`MultiModalItem` with a text or bytes identifier,
+    an int ``offset >= 0`` and an int ``length > 0``.
+
+    Raises:
+        InvalidRequestError: the first malformed item, named.
+    """
+    if isinstance(items, (str, bytes, MultiModalItem)) or not isinstance(items, Iterable):
+        raise InvalidRequestError(f"mm_items must be a sequence of MultiModalItem, got {type(items).__name__}")
+    out = list(items)
+    for i, item in enumerate(out):
+        if not isinstance(item, MultiModalItem):
+            raise InvalidRequestError(f"mm_items[{i}] must be a MultiModalItem, got {type(item).__name__}")
+        ident = item.identifier
+        if isinstance(ident, str):
+            check_text(ident, f"mm_items[{i}] identifier")
+        elif not isinstance(ident, bytes):
+            raise InvalidRequestError(f"mm_items[{i}] identifier must be str or bytes, got {type(ident).__name__}")
+        offset, length = _as_int(item.offset), _as_int(item.length)
+        if offset is None or length is None or offset < 0 or length <= 0:
+            raise InvalidRequestError(
+                f"multimodal item {ident!r}: offset must be an int >= 0 and length an int > 0, "
+                f"got {item.offset!r}, {item.length!r}"
+            )
+    return out
+
+
+def _as_int(value: object) -> int | None:
+    try:
+        return as_count(value, "")
+    except InvalidRequestError:
+        return None
 
 
 def _le_bytes(tokens: np.ndarray) -> bytes:
@@ -210,15 +288,35 @@ class TokenHasher:
         lora: str | int | None = None,
         mm_items: Sequence[MultiModalItem] = (),
     ) -> None:
-        if unit <= 0:
-            raise InvalidRequestError(f"hash unit must be positive, got {unit}")
-        self.unit = unit
+        n = _as_int(unit)
+        if n is None or n <= 0:
+            raise ConfigError(f"hash_unit must be a positive int, got {unit!r}")
+        if not isinstance(seed, str):
+            raise ConfigError(f"hash_seed must be a str, got {type(seed).__name__}")
+        check_key(tenant, lora)  # before root_digest: its cache would raise TypeError first
+        self.unit = n
         self.algo = algo
         self.root = root_digest(algo, seed, tenant, lora)
         self.digests: list[Digest] = []
         self._tail = b""  # the trailing partial unit, as the little-endian bytes it hashes
-        self._extras = _unit_extras(mm_items, unit, algo) if mm_items else None
+        plain = type(mm_items) is tuple and not mm_items  # the default: nothing to check
+        self._extras = None if plain else _unit_extras(mm_items, n, algo) or None
         self.num_tokens = 0
+
+    def adopt(self, digests: Sequence[bytes], num_tokens: int) -> None:
+        """Take precomputed unit digests (traces with block ids instead of tokens).
+
+        Each digest is salted with this hasher's root, which mixes in the seed, tenant and
+        LoRA: another tenant presenting the same precomputed digests gets different keys,
+        as it would with tokens. The inputs must already be prefix-chained (equal digest,
+        equal prefix); salting each with the same root keeps that.
+        """
+        fn, root = hash_function(self.algo), self.root
+        try:
+            self.digests = [fn(root + d) for d in digests]
+        except TypeError:
+            raise InvalidRequestError("digests must be bytes") from None
+        self.num_tokens = num_tokens
 
     def extend(self, tokens: Sequence[int] | np.ndarray) -> list[Digest]:
         """Append tokens; returns the digests of the units they completed."""

@@ -507,6 +507,8 @@ class PrefixIndex(EvictingAllocator):
         self.evictions[kind] += 1
         self.evicted_bytes[kind] += nbytes
         self.tenant_bytes[node.tenant] -= nbytes
+        if not self.tenant_bytes[node.tenant]:  # drop empty tenants: ids must not pile up
+            del self.tenant_bytes[node.tenant]
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 

@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from hybridcache import validation
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
@@ -56,6 +57,7 @@ class HybridCacheManager(SavePointControl):
     """Prefix cache manager for one model over one byte budget (see module docstring)."""
 
     def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
+        validation.check_manager_args(spec, capacity_bytes, config)
         self.spec = spec
         self.config = cfg = config or CacheConfig()
         check_eviction_name(cfg.eviction)
@@ -104,8 +106,10 @@ class HybridCacheManager(SavePointControl):
             lora: LoRA adapter id, part of the hash chain.
             mm_items: multimodal items whose identifiers enter the units they cover.
             digests: precomputed unit digests (the simulator's traces carry block ids
-                instead of tokens); then ``token_ids`` is only used for its length.
+                instead of tokens), salted with tenant and LoRA as token hashes are; then
+                ``token_ids`` is only used for its length (or is the token count).
         """
+        validation.check_new_request(request_id, tenant, lora)
         if request_id in self.requests:
             raise InvalidRequestError(f"request {request_id!r} already exists")
         cfg = self.config
@@ -113,7 +117,7 @@ class HybridCacheManager(SavePointControl):
             arr = as_token_array(token_ids, f"request {request_id!r} token ids")
             n = len(arr)
         else:
-            n = len(token_ids) if not isinstance(token_ids, int) else token_ids
+            n = validation.check_digests(digests, token_ids, request_id)
         if n == 0:
             raise InvalidRequestError(f"request {request_id!r}: empty prompt")
         if n > self.spec.max_model_len:
@@ -129,8 +133,7 @@ class HybridCacheManager(SavePointControl):
                     f"request {request_id!r}: {len(digests)} digests for {n} tokens "
                     f"(expected {n // cfg.hash_unit})"
                 )
-            hasher.digests = list(digests)
-            hasher.num_tokens = n
+            hasher.adopt(digests, n)
         req = Request(request_id, hasher, tenant, n)
         self.requests[request_id] = req
         return self.match(request_id)
@@ -192,6 +195,8 @@ class HybridCacheManager(SavePointControl):
             InvalidRequestError: bad counts or lengths (nothing changed).
             OutOfSpaceError: not enough evictable memory (nothing changed).
         """
+        num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
+        num_draft = validation.as_count(num_draft, "num_draft")
         req = self._get(request_id)
         if num_new_tokens <= 0:
             raise InvalidRequestError(f"request {request_id!r}: num_new_tokens must be > 0")
@@ -365,6 +370,7 @@ class HybridCacheManager(SavePointControl):
         Raises:
             InvalidRequestError: more tokens than allocated, or fewer than already committed.
         """
+        num_computed_tokens = validation.as_count(num_computed_tokens, "num_computed_tokens")
         req = self._get(request_id)
         n = num_computed_tokens
         if not req.allocated or n > req.num_allocated:
@@ -494,6 +500,7 @@ class HybridCacheManager(SavePointControl):
         copy); pages and save points past it are released, so a snapshot of a rejected
         token is never registered.
         """
+        num_accepted = validation.as_count(num_accepted, "num_accepted")
         req = self._get(request_id)
         n_step = req.num_allocated - req.step_start
         if not 1 <= num_accepted <= n_step:
@@ -538,6 +545,7 @@ class HybridCacheManager(SavePointControl):
     # ------------------------------------------------------------------ free
     def free(self, request_id: str, *, finished: bool = True) -> None:
         """Release the request. ``finished`` turns its turn-end snapshot into a cached one."""
+        validation.check_request_id(request_id)
         req = self.requests.pop(request_id, None)
         if req is None:
             raise InvalidRequestError(f"free of unknown request {request_id!r}")
@@ -577,7 +585,7 @@ class HybridCacheManager(SavePointControl):
     def _get(self, request_id: str) -> Request:
         try:
             return self.requests[request_id]
-        except KeyError:
+        except (KeyError, TypeError):  # TypeError: an unhashable id
             raise InvalidRequestError(f"unknown request {request_id!r}") from None
 
     def stats(self) -> dict[str, object]:

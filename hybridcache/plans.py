@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from hybridcache.validation import check_cache_config
+
 
 @dataclass(frozen=True)
 class CacheConfig:
@@ -25,7 +27,11 @@ class CacheConfig:
         marconi_alpha / marconi_window: Marconi's utility weight and candidate window.
         tenant_quotas: bytes of cached entries each tenant may hold (``None``: unlimited);
             the key ``"*"`` applies to tenants not listed.
-        alignment: byte alignment of pages and slots in the arena.
+        alignment: byte alignment of pages and slots in the arena (a power of two).
+        min_seen: a prompt-end snapshot is saved once its prefix was seen this many times.
+
+    Raises:
+        ConfigError: a field of a wrong type or value (the message names it).
     """
 
     hash_unit: int = 16
@@ -38,6 +44,11 @@ class CacheConfig:
     tenant_quotas: dict[str, int] | None = None
     alignment: int = 256
     min_seen: int = 1
+
+    def __post_init__(self) -> None:
+        """Refuse a bad field here, where it is set (:class:`~hybridcache.errors.ConfigError`
+        naming it), not at the first request that reads it."""
+        check_cache_config(self)
 
 
 class MatchResult(NamedTuple):
