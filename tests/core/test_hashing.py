@@ -131,3 +131,36 @@ def test_units_are_the_exact_token_bytes(algo):
         h = fn(h + toks[u * 16 : (u + 1) * 16].astype("<u4").tobytes())
         want.append(h)
     assert hash_units(toks, 16, b"root", algo) == want
+
+
+@pytest.mark.parametrize("code", ["i1", "i2", "i4", "i8", "u1", "u2", "u4", "u8"])
+@pytest.mark.parametrize("order", ["<", ">"])
+def test_every_integer_dtype_and_byte_order_reads_ids_by_value(code, order):
+    dt = np.dtype(code).newbyteorder(order)
+    ids = [0, 1, 5, 100, 127]
+    assert as_token_array(np.array(ids, dtype=dt)).tolist() == ids
+    assert as_token_array(np.array(ids, dtype=dt)).dtype == np.dtype(np.uint32)
+    if dt.itemsize == 8:  # 2^32 and above: refused, never truncated to small ids
+        for big in (1 << 32, (1 << 32) + 5, np.iinfo(dt).max):
+            with pytest.raises(InvalidRequestError, match="exceeds"):
+                as_token_array(np.array([1, big], dtype=dt))
+    if dt.kind == "i":
+        with pytest.raises(InvalidRequestError, match="negative"):
+            as_token_array(np.array([1, -1], dtype=dt))
+
+
+@pytest.mark.parametrize(
+    "bad, msg",
+    [(np.array([True, False]), "integers"), (np.array([1.0, 2.0]), "integers"),
+     (np.array([1, 2], dtype=object), "integers"), ([2**64 + 1], "outside"), ([1, 2**70], "outside"),
+     ([[1, 2], [3]], "flat"), (np.zeros(3, dtype="c8"), "integers"), (np.array(["1"]), "integers")],
+)
+def test_non_integer_or_huge_ids_are_named(bad, msg):
+    with pytest.raises(InvalidRequestError, match=msg):
+        as_token_array(bad)
+
+
+def test_native_uint32_is_returned_as_is():
+    """The engine's common input: no copy and no check on the hot path."""
+    arr = np.arange(64, dtype=np.uint32)
+    assert as_token_array(arr) is arr
