@@ -506,9 +506,9 @@ class PrefixIndex(EvictingAllocator):
         """
         self.evictions[kind] += 1
         self.evicted_bytes[kind] += nbytes
-        self.tenant_bytes[node.tenant] -= nbytes
-        if not self.tenant_bytes[node.tenant]:  # drop empty tenants: ids must not pile up
-            del self.tenant_bytes[node.tenant]
+        left = self.tenant_bytes.pop(node.tenant, 0) - nbytes  # 0-byte KV: models without attention
+        if left:  # a tenant with nothing cached is dropped: ids must not pile up
+            self.tenant_bytes[node.tenant] = left
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 

@@ -213,3 +213,15 @@ def test_tenant_bytes_drops_tenants_with_nothing_cached():
     assert len(m.index.tenant_bytes) == 20
     m.clear()
     assert m.index.tenant_bytes == {}
+
+
+@pytest.mark.parametrize("kind", ["no-attention", "no-state"])
+def test_tenant_bytes_drop_with_zero_byte_entries(kind):
+    """A model without attention registers 0-byte KV: evicting it after the tenant's
+    snapshot (which emptied the entry) must not fail."""
+    spec = tiny_spec(attention=kind != "no-attention", state=kind != "no-state")
+    m = HybridCacheManager(spec, 1 << 20, CacheConfig(hash_unit=U, admission="last-token"))
+    for i in range(6):
+        serve(m, f"r{i}", list(range(i, i + 12)), tenant=f"t{i % 2}")
+    m.clear()
+    assert m.index.tenant_bytes == {}
