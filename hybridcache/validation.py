@@ -80,7 +80,8 @@ def check_text(value: str, what: str, error: type[Exception] = InvalidRequestErr
 
 
 def check_key(tenant: object, lora: object) -> None:
-    """Types of the hash-chain keys: tenant ``str | None``, LoRA ``str | int | None``.
+    """Types of the hash-chain keys: tenant ``str | None``, LoRA ``str | int | None``
+    (numpy integers count as ``int``).
 
     Types only (cheap, every request); their text is checked when the root digest is made
     (:func:`hybridcache.hashing.root_digest`, cached per key). A tenant ``5`` would hash
@@ -88,7 +89,7 @@ def check_key(tenant: object, lora: object) -> None:
     """
     if tenant is not None and not isinstance(tenant, str):
         raise InvalidRequestError(f"tenant must be a str or None, got {type(tenant).__name__}")
-    if lora is not None and (not isinstance(lora, (str, int)) or isinstance(lora, bool)):
+    if lora is not None and (not isinstance(lora, (str, int, np.integer)) or isinstance(lora, bool)):
         raise InvalidRequestError(f"lora must be a str, an int or None, got {type(lora).__name__}")
 
 

@@ -90,10 +90,13 @@ def test_tenant_is_a_str(tenant):
     assert fingerprint(m) == before
 
 
-@pytest.mark.parametrize("lora", ["adapter", 3, None])
+@pytest.mark.parametrize("lora", ["adapter", 3, np.int64(3), None])
 def test_lora_may_be_str_or_int_as_documented(lora):
     m = mgr()
     m.add_request("r", list(range(9)), lora=lora)
+    if isinstance(lora, np.integer):
+        m.add_request("same", list(range(9)), lora=3)
+        assert m.requests["r"].hasher.root == m.requests["same"].hasher.root
 
 
 # ---------------------------------------------------------------------- refused = unchanged
