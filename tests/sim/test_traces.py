@@ -239,7 +239,7 @@ _lines_strategy = st.lists(
 )
 
 
-@settings(max_examples=300, deadline=None, derandomize=True,
+@settings(max_examples=200, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(lines=_lines_strategy, fmt=st.sampled_from(["auto", "mooncake", "tokens"]))
 def test_fuzz_every_failure_names_file_and_line(tmp_path, lines, fmt):
