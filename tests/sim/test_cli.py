@@ -237,3 +237,18 @@ def test_over_long_request_is_a_skippable_line(tmp_path, capsys):
     assert main(args) == 2
     assert f"{trace}:2: " in capsys.readouterr().err
     assert main(args + ["--skip-bad-lines"]) == 0
+
+
+def test_demo_imports_no_torch(tmp_path):
+    """The simulator installs without torch (an extra): the demo must not import it."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hybridcache.sim.cli import main; "
+            f"rc = main(['demo', '--out', {str(tmp_path)!r}, '--requests', '12', '--capacity', '1GiB', "
+            "'--no-progress']); "
+            "heavy = sorted(m for m in ('torch', 'vllm', 'triton') if m in sys.modules); "
+            "print('HEAVY', heavy); sys.exit(rc)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "HEAVY []" in r.stdout
