@@ -21,7 +21,7 @@ from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, Sa
 from hybridcache.presets import get_preset, preset_names
 from hybridcache.spec import ModelSpec
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Allocation",

@@ -109,3 +109,158 @@ def test_generated_trace_round_trips(tmp_path):
     for a, b in zip(reqs, t.requests):
         assert np.array_equal(a.input_ids, b.input_ids) and np.array_equal(a.output_ids, b.output_ids)
         assert (a.tenant, a.session_id) == (b.tenant, b.session_id)
+
+
+# --- hostile lines (issue 15): each is a file:line error that --skip-bad-lines skips ---
+
+HOSTILE = [
+    (b'{"timestamp": 0, "session_id": "s\xff\xfe", "input_ids": [1], "output_length": 1}', "not UTF-8"),
+    (b'{"timestamp": 0, "session_id": "s", "input_ids": [' + b"9" * 5000 + b'], "output_length": 1}',
+     "invalid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    (b'{"timestamp": 0, "session_id": "s", "input_ids": [' + b"[" * 100_000 + b"]" * 100_000
+     + b'], "output_length": 1}', "nested too deeply"),
+    (b'{"timestamp": 1e999, "session_id": "s", "input_ids": [1], "output_length": 1}', "finite"),
+    (b'{"timestamp": NaN, "session_id": "s", "input_ids": [1], "output_length": 1}', "finite"),
+    (b'{"timestamp": 0, "session_id": "\\ud800", "input_ids": [1], "output_length": 1}', "surrogate"),
+    (b'{"timestamp": 0, "session_id": "s", "input_ids": [1], "output_length": 100000000000000}',
+     "implausibly large"),
+]
+
+
+def write_bytes(path, lines: list[bytes]):
+    path.write_bytes(b"".join(x + b"\n" for x in lines))
+    return path
+
+
+GOOD_LINE = json.dumps(TOK_GOOD[0]).encode()
+
+
+@pytest.mark.parametrize("bad,why", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_line_is_a_file_line_error_and_skippable(tmp_path, bad, why):
+    path = write_bytes(tmp_path / "t.jsonl", [GOOD_LINE, bad, GOOD_LINE])
+    with pytest.raises(TraceFormatError) as e:
+        read_trace(path, "tokens")
+    assert str(e.value).startswith(f"{path}:2: ") and why in str(e.value)
+    assert len(str(e.value)) < 400  # a huge value is cut, not echoed
+    t = read_trace(path, "tokens", skip_bad_lines=True)
+    assert t.skipped == 1 and [r.line for r in t.requests] == [1, 3]
+
+
+def test_request_longer_than_the_model_is_a_bad_line(tmp_path):
+    rows = [TOK_GOOD[0], {**TOK_GOOD[1], "output_length": 100}, TOK_GOOD[0]]
+    path = write(tmp_path / "t.jsonl", rows)
+    with pytest.raises(TraceFormatError, match=rf"{path}:2: .*longer than the model's maximum of 50"):
+        read_trace(path, max_tokens=50)
+    t = read_trace(path, max_tokens=50, skip_bad_lines=True)
+    assert t.skipped == 1 and len(t.requests) == 2
+    assert len(read_trace(path, max_tokens=106).requests) == 3  # 6 + 100 fits exactly
+
+
+def test_json_array_file_is_named_as_such(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text(json.dumps(TOK_GOOD, indent=2))
+    for skip in (False, True):
+        with pytest.raises(TraceFormatError, match=rf"{path}:1: .*one JSON array.*one JSON object per line"):
+            read_trace(path, skip_bad_lines=skip)
+
+
+def test_gzip_trace_reads_like_the_plain_one(tmp_path):
+    import gzip
+
+    plain = write(tmp_path / "m.jsonl", MC_GOOD)
+    packed = tmp_path / "m.jsonl.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    a, b = read_trace(plain), read_trace(packed)
+    assert b.format == "mooncake" and b.prompt_tokens == a.prompt_tokens
+    assert [r.block_ids.tolist() for r in a.requests] == [r.block_ids.tolist() for r in b.requests]
+    broken = tmp_path / "x.jsonl.gz"
+    broken.write_bytes(gzip.compress(plain.read_bytes())[:20])
+    with pytest.raises(TraceFormatError, match=f"{broken}: not a readable gzip file"):
+        read_trace(broken)
+
+
+@pytest.mark.parametrize("block", [16, 64])
+def test_block_tokens_sets_the_block_size(tmp_path, block):
+    rows = [{"timestamp": 0, "input_length": 3 * block - 1, "output_length": 1, "hash_ids": [1, 2, 3]},
+            {"timestamp": 1, "input_length": 2 * block, "output_length": 1, "hash_ids": [1, 2]}]
+    path = write(tmp_path / "b.jsonl", rows)
+    t = read_trace(path, block_tokens=block)
+    assert t.block_tokens == block and t.prompt_tokens == 5 * block - 1
+    with pytest.raises(TraceFormatError, match=r":1: .*ceil\(\d+/512\) = 1 \(another block size\? pass --block-tokens\)"):
+        read_trace(path)  # the default is Mooncake's 512
+    with pytest.raises(TraceFormatError, match="block_tokens must be a positive integer"):
+        read_trace(path, block_tokens=0)
+
+
+# --- fuzz: random bytes and random JSON structures, one per line ---
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(1 << 70), 1 << 70),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=8),
+    st.sampled_from(["\ud800", "a\udfff"]),  # lone surrogates: valid JSON, not UTF-8-encodable
+)
+_json = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4)
+                     | st.dictionaries(st.text(max_size=6), inner, max_size=4), max_leaves=12)
+_keys = st.sampled_from(["timestamp", "input_length", "output_length", "hash_ids", "tenant",
+                         "session_id", "input_ids", "output_ids"])
+_ids_value = st.lists(st.integers(-2, (1 << 32) + 2), max_size=6)
+_records = st.dictionaries(_keys, st.one_of(_json, _ids_value, st.integers(0, 2000)), max_size=8)
+
+
+def _line(drawn: tuple) -> bytes:
+    kind, value, *extra = drawn
+    if kind == "bytes":
+        line = value
+    elif kind == "spliced":  # a record with random bytes put inside it
+        text = json.dumps(value).encode()
+        at = extra[1] % (len(text) + 1)
+        line = text[:at] + extra[0] + text[at:]
+    elif kind == "deep":
+        line = b'{"input_ids": ' + b"[" * value + b"]" * value + b"}"
+    elif kind == "digits":
+        line = b'{"timestamp": 0, "input_length": ' + b"7" * value + b', "hash_ids": [1]}'
+    else:
+        line = json.dumps(value).encode()
+    return line.replace(b"\n", b" ")
+
+
+_lines_strategy = st.lists(
+    st.one_of(st.tuples(st.just("bytes"), st.binary(max_size=40)),
+              st.tuples(st.just("json"), _records), st.tuples(st.just("json"), _json),
+              st.tuples(st.just("spliced"), _records, st.binary(min_size=1, max_size=3),
+                        st.integers(0, 1000)),
+              st.tuples(st.just("deep"), st.sampled_from([3, 40, 5000, 100_000])),
+              st.tuples(st.just("digits"), st.sampled_from([5, 20, 400, 5000]))),
+    min_size=1, max_size=6,
+)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(lines=_lines_strategy, fmt=st.sampled_from(["auto", "mooncake", "tokens"]))
+def test_fuzz_every_failure_names_file_and_line(tmp_path, lines, fmt):
+    path = write_bytes(tmp_path / "f.jsonl", [_line(x) for x in lines])
+    numbered = [i + 1 for i, raw in enumerate(path.read_bytes().split(b"\n")[:-1]) if raw.strip()]
+    for skip in (False, True):
+        try:
+            t = read_trace(path, fmt, skip_bad_lines=skip, max_tokens=1 << 20)
+        except TraceFormatError as e:
+            msg = str(e)
+            assert msg.startswith(f"{path}:"), msg
+            where = msg[len(str(path)) + 1:].split(":", 1)[0]
+            if where.strip().isdigit():
+                assert int(where) in numbered, msg
+            else:  # file-level: nothing usable, or the format cannot be told
+                assert any(s in msg for s in ("no valid request", "no parsable JSON line")), msg
+            continue
+        assert t.skipped + len(t.requests) == len(numbered) or not skip
+        for r in t.requests:
+            assert r.line in numbered and r.input_length >= 1
+            assert r.input_length + r.output_length <= 1 << 20
+            ids = r.input_ids if r.input_ids is not None else r.block_ids
+            assert ids is not None and ids.dtype == np.uint32
+            (r.tenant or "").encode("utf-8")
