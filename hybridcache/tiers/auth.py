@@ -8,16 +8,26 @@ is authenticated under the deployment secret:
 * **Tenant key** ``BLAKE2b(key=secret, person="hc-tier-tenant", data=tenant)`` (32 B): keys
   the per-tenant digests of Redis key names (:class:`~hybridcache.tiers.keys.KeyCodec`) and
   the digest ``k`` a manifest stores instead of the raw prefix hash.
-* **MAC key** ``BLAKE2b(key=secret, person="hc-tier-mac", data=tenant)`` (32 B): keys
-  HMAC-SHA256 tags of every manifest (the full 32 B over everything before the tag) and of
-  every chunk (first 16 B, 128 bits), listed in the manifest.
+* **MAC key** ``BLAKE2b(key=secret, person="hc-tier-mac", data=tenant)`` (32 B): keys the
+  HMAC-SHA256 tag of every manifest (32 B over everything before the tag) and the tag of
+  every chunk (16 B), which the manifest lists.
 
-Why HMAC-SHA256 on chunks: it is a standard MAC, so a chunk tag cannot be forged without the
-MAC key whatever the bytes, and one-shot ``hmac.digest`` runs at SHA-256 speed (OpenSSL uses
-the CPU's SHA extensions: ~2.1 GB/s here, against ~1.4 GB/s for keyed BLAKE2b). A MAC over
-a *non-cryptographic* digest (xxh3) would not do: anyone can find other bytes with the same
-xxh3 value, and the MAC over that value would still verify. Each tag is checked with
-:func:`hmac.compare_digest`.
+Chunk tags, one of two standard MACs (the manifest names which, under its own MAC):
+
+* ``poly1305`` (default when the ``cryptography`` package is importable): Poly1305 with a
+  one-time key per chunk, ``BLAKE2b(key=MAC key, person="hc-tier-poly", data=entry nonce
+  || chunk index)``, where the entry nonce is 16 random bytes drawn at every encode. This is
+  the construction of ChaCha20-Poly1305 (a PRF-derived one-time key): a forgery succeeds
+  with probability below 2^-80 for a 4 MiB chunk, and it runs at ~15 GB/s here, so
+  authenticating a 41 MiB snapshot costs ~3 ms.
+* ``hmac-sha256`` (the fallback without ``cryptography``): HMAC-SHA256 truncated to 128
+  bits; ~2.1 GB/s here (OpenSSL uses the CPU's SHA extensions), ~20 ms per snapshot.
+
+Why not a MAC over xxh3 digests of the chunks: xxh3 is not collision resistant, so anyone
+can make other bytes with the same digest and the MAC over the digest still verifies. Each
+tag is compared with :func:`hmac.compare_digest`. A reader verifies whichever algorithm the
+(authenticated) manifest names; one without ``cryptography`` cannot check ``poly1305``
+entries and treats them as misses, never as hits.
 
 Binding: the manifest's MAC covers the model fingerprint, the tenant, the keyed prefix digest,
 the layout of every piece and every chunk tag, and its key is the tenant's, so a valid
@@ -29,8 +39,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import threading
+from collections.abc import Callable
 
 from hybridcache.tiers.errors import TierConfigError
+
+try:  # optional: 7x faster chunk MACs than HMAC-SHA256
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+except ImportError:  # pragma: no cover - depends on the environment
+    Poly1305 = None
 
 #: Shortest deployment secret accepted (128 bits).
 MIN_SECRET_BYTES = 16
@@ -40,6 +56,13 @@ CHUNK_TAG_BYTES = 16
 
 #: Bytes of a manifest tag (full HMAC-SHA256).
 MANIFEST_TAG_BYTES = 32
+
+#: Chunk MAC algorithms this process can verify, and the one it writes.
+CHUNK_MACS: tuple[str, ...] = ("hmac-sha256",) if Poly1305 is None else ("poly1305", "hmac-sha256")
+DEFAULT_CHUNK_MAC = CHUNK_MACS[0]
+
+#: Bytes of the random per-encode nonce that poly1305 one-time keys are derived from.
+NONCE_BYTES = 16
 
 _CACHE_LIMIT = 65536  # derived keys kept per kind (bounds memory with many tenants)
 
@@ -105,9 +128,25 @@ class EntryAuth:
         """The tenant's MAC key (manifests and chunks)."""
         return self._derive(self._mac_keys, tenant, b"hc-tier-mac")
 
-    def chunk_tag(self, mac_key: bytes, data: object) -> bytes:
-        """HMAC-SHA256 of one chunk, truncated to :data:`CHUNK_TAG_BYTES`."""
-        return hmac.digest(mac_key, data, "sha256")[:CHUNK_TAG_BYTES]  # type: ignore[arg-type]
+    def chunk_tagger(self, tenant: str, alg: str, nonce: bytes) -> Callable[[int, object], bytes]:
+        """``tag(index, chunk) -> 16 B`` for the chunks of one encoded entry.
+
+        Raises:
+            KeyError: ``alg`` is not one this process can compute (see :data:`CHUNK_MACS`).
+        """
+        if alg not in CHUNK_MACS:
+            raise KeyError(alg)
+        mac_key = self.mac_key(tenant)
+        if alg == "hmac-sha256":
+            return lambda _i, data: hmac.digest(mac_key, data, "sha256")[:CHUNK_TAG_BYTES]  # type: ignore[arg-type]
+
+        def poly(i: int, data: object) -> bytes:
+            one_time = hashlib.blake2b(
+                nonce + i.to_bytes(4, "little"), key=mac_key, digest_size=32, person=b"hc-tier-poly"
+            ).digest()
+            return Poly1305.generate_tag(one_time, data)  # type: ignore[union-attr, arg-type]
+
+        return poly
 
     def manifest_tag(self, tenant: str, data: bytes) -> bytes:
         """HMAC-SHA256 of a manifest's bytes before the tag."""

@@ -11,9 +11,10 @@ than 40 MiB ones). The header is::
 
     b"HCTE" | u16 format version | msgpack body | HMAC-SHA256 (32 B) of everything before
 
-with the msgpack body ``{"fp", "t", "k", "cs", "m", "p"}``: model fingerprint, tenant,
-keyed digest of the prefix hash (never the hash itself), chunk size, metadata, and per piece
-``[name, kind, dtype, shape, nbytes, [chunk tags]]``. Tags are keyed by the tier secret (see
+with the msgpack body ``{"fp", "t", "k", "cs", "m", "p", "cm", "n"}``: model fingerprint,
+tenant, keyed digest of the prefix hash (never the hash itself), chunk size, metadata, per
+piece ``[name, kind, dtype, shape, nbytes, [chunk tags]]``, the chunk MAC algorithm and the
+entry's random nonce. Tags are keyed by the tier secret (see
 :mod:`hybridcache.tiers.auth`), so only a holder of the secret can write an entry a tier
 accepts. Decoding checks, in this order, and raises a specific
 :class:`~hybridcache.tiers.errors.EntryFormatError` on the first failure: size of the header,
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import hmac
 import math
+import os
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,7 +41,13 @@ import msgpack
 import numpy as np
 
 from hybridcache.tiers import dtypes
-from hybridcache.tiers.auth import CHUNK_TAG_BYTES, MANIFEST_TAG_BYTES, EntryAuth
+from hybridcache.tiers.auth import (
+    CHUNK_TAG_BYTES,
+    DEFAULT_CHUNK_MAC,
+    MANIFEST_TAG_BYTES,
+    NONCE_BYTES,
+    EntryAuth,
+)
 from hybridcache.tiers.dtypes import Array
 from hybridcache.tiers.errors import (
     ChecksumMismatchError,
@@ -136,6 +144,8 @@ class Header:
     chunk_bytes: int
     meta: Mapping[str, Scalar]
     pieces: tuple[PieceInfo, ...]
+    chunk_mac: str = DEFAULT_CHUNK_MAC
+    nonce: bytes = b""
 
     @property
     def num_chunks(self) -> int:
@@ -191,7 +201,8 @@ def encode(
     until the tier has stored them.
     """
     check_layout(entry, chunk_bytes)
-    mac_key = auth.mac_key(key.tenant)
+    nonce = os.urandom(NONCE_BYTES)
+    tagger = auth.chunk_tagger(key.tenant, DEFAULT_CHUNK_MAC, nonce)
     infos: list[PieceInfo] = []
     chunks: list[memoryview] = []
     for name, value in entry.pieces.items():
@@ -199,7 +210,8 @@ def encode(
         raw = dtypes.to_bytes(value)
         step = chunk_bytes if chunk_bytes > 0 and nbytes > 0 else max(nbytes, 1)
         mine = [raw[i : i + step] for i in range(0, max(nbytes, 1), step)]
-        tags = tuple(auth.chunk_tag(mac_key, c) for c in mine) if tag else ()
+        first = len(chunks)
+        tags = tuple(tagger(first + i, c) for i, c in enumerate(mine)) if tag else ()
         infos.append(PieceInfo(name, kind, dname, shape, nbytes, tags))
         chunks.extend(mine)
     body = msgpack.packb(
@@ -210,6 +222,8 @@ def encode(
             "cs": int(chunk_bytes),
             "m": dict(entry.meta),
             "p": [p.to_wire() for p in infos],
+            "cm": DEFAULT_CHUNK_MAC,
+            "n": nonce,
         },
         use_bin_type=True,
     )
@@ -284,20 +298,26 @@ def decode(
     parsed = header if isinstance(header, Header) else parse_header(key, header, auth)
     if len(chunks) != parsed.num_chunks:
         raise MissingPieceError(f"{len(chunks)} chunks stored, header names {parsed.num_chunks}")
-    mac_key = auth.mac_key(key.tenant) if verify else b""
+    tagger = None
+    if verify:
+        try:
+            tagger = auth.chunk_tagger(key.tenant, parsed.chunk_mac, parsed.nonce)
+        except KeyError:
+            raise ChecksumMismatchError(
+                f"chunk MAC {parsed.chunk_mac!r} cannot be verified here (install cryptography)"
+            ) from None
     pieces: dict[str, Array] = {}
     pos = 0
     for info in parsed.pieces:
         n = info.num_chunks(parsed.chunk_bytes)
-        mine = chunks[pos : pos + n]
-        pos += n
-        views = _check_chunks(info, parsed.chunk_bytes, mine)
-        if verify:
+        views = _check_chunks(info, parsed.chunk_bytes, chunks[pos : pos + n])
+        if tagger is not None:
             if len(info.tags) != n:
                 raise ChecksumMismatchError(f"piece {info.name!r}: stored without chunk MACs")
             for i, (view, tag) in enumerate(zip(views, info.tags, strict=True)):
-                if not hmac.compare_digest(auth.chunk_tag(mac_key, view), tag):
+                if not hmac.compare_digest(tagger(pos + i, view), tag):
                     raise ChecksumMismatchError(f"piece {info.name!r}: chunk {i} MAC mismatch")
+        pos += n
         buf = _join(info.nbytes, views)
         pieces[info.name] = dtypes.from_bytes(info.kind, info.dtype, info.shape, buf)
     return Entry(pieces, parsed.meta)
@@ -385,8 +405,11 @@ def _header_from_body(body: object) -> Header:
         raise EntryFormatError("header: body is not a map")
     fp, tenant, digest = body["fp"], body["t"], body["k"]
     chunk_bytes, meta, wire = body["cs"], body["m"], body["p"]
+    chunk_mac, nonce = body["cm"], body["n"]
     if not (isinstance(fp, str) and isinstance(tenant, str) and isinstance(digest, bytes)):
         raise EntryFormatError("header: bad key fields")
+    if not isinstance(chunk_mac, str) or not isinstance(nonce, bytes) or len(nonce) > 64:
+        raise EntryFormatError("header: bad chunk MAC fields")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 0:
         raise EntryFormatError(f"header: bad chunk size {chunk_bytes!r}")
     _check_meta(meta)
@@ -398,7 +421,7 @@ def _header_from_body(body: object) -> Header:
         raise EntryFormatError(f"header: {total} payload bytes, at most {MAX_ENTRY_BYTES}")
     if sum(p.num_chunks(chunk_bytes) for p in pieces) > MAX_CHUNKS:
         raise EntryFormatError(f"header: more than {MAX_CHUNKS} chunks")
-    return Header(fp, tenant, digest, chunk_bytes, meta, pieces)
+    return Header(fp, tenant, digest, chunk_bytes, meta, pieces, chunk_mac, nonce)
 
 
 def _piece_from_wire(item: object, chunk_bytes: int) -> PieceInfo:

@@ -29,6 +29,8 @@ from hybridcache.tiers import (
     parse_header,
     to_blob,
 )
+from hybridcache.tiers import format as format_module
+from hybridcache.tiers.auth import CHUNK_MACS
 from hybridcache.tiers.format import MAX_CHUNKS, MAX_HEADER_BYTES
 
 # Decoded tensors alias immutable bytes by design (see hybridcache.tiers.dtypes).
@@ -340,5 +342,27 @@ def test_header_records_what_the_issue_asks():
     assert K.prefix_hash not in enc.header
     (piece,) = header.pieces
     assert (piece.name, piece.dtype, piece.shape, piece.nbytes) == ("kv", "float16", (2, 3), 12)
-    mac_key = AUTH.mac_key("alice")
-    assert piece.tags == (AUTH.chunk_tag(mac_key, np.zeros((2, 3), np.float16).tobytes()),)
+    tagger = AUTH.chunk_tagger("alice", header.chunk_mac, header.nonce)
+    assert piece.tags == (tagger(0, np.zeros((2, 3), np.float16).tobytes()),)
+    assert header.chunk_mac == CHUNK_MACS[0] and len(header.nonce) == 16
+
+
+@pytest.mark.parametrize("alg", CHUNK_MACS)
+def test_every_chunk_mac_round_trips_and_catches_a_flipped_bit(monkeypatch, alg):
+    monkeypatch.setattr(format_module, "DEFAULT_CHUNK_MAC", alg)
+    entry = Entry({"a": np.arange(300, dtype=np.float32)})
+    enc = encode(K, entry, AUTH, chunk_bytes=256)
+    assert parse_header(K, enc.header, AUTH).chunk_mac == alg
+    chunks = [bytearray(c) for c in enc.chunks]
+    out = decode(K, enc.header, [bytes(c) for c in chunks], AUTH)
+    np.testing.assert_array_equal(out.pieces["a"], entry.pieces["a"])
+    chunks[3][7] ^= 0x04
+    with pytest.raises(ChecksumMismatchError, match="chunk 3"):
+        decode(K, enc.header, [bytes(c) for c in chunks], AUTH)
+
+
+def test_an_unknown_chunk_mac_is_never_trusted():
+    enc = encode(K, Entry({"a": np.arange(4, dtype=np.float32)}), AUTH)
+    forged = _rewrite_header(enc.header, cm="none")
+    with pytest.raises(ChecksumMismatchError, match="cannot be verified"):
+        decode(K, forged, [bytes(c) for c in enc.chunks], AUTH)
