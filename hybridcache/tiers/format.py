@@ -1,4 +1,4 @@
-"""The entry format: one prefix's KV pages and state snapshot, checksummed, zero-copy.
+"""The entry format: one prefix's KV pages and state snapshot, authenticated, zero-copy.
 
 An :class:`Entry` is a set of named pieces (numpy arrays or torch CPU tensors) plus a little
 metadata. The KV pages and the recurrent-state snapshot of one prefix travel as *one* entry

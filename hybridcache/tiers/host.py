@@ -71,7 +71,7 @@ class HostTier(Tier):
         capacity_bytes: most bytes held (payload, alignment and headers).
         limits: per-tenant TTLs and byte quotas.
         pin_memory: allocate pinned buffers; ``None`` pins when CUDA is available.
-        verify_reads: check piece checksums on every ``get`` (off by default: the memory
+        verify_reads: check chunk MACs on every ``get`` (off by default: the memory
             is the tier's own; turn on to catch callers writing into returned tensors).
         clock: monotonic seconds; injectable so TTL tests need no sleeping.
         on_evict: called with ``(key, entry, ttl_left_s, priority)`` for each entry evicted

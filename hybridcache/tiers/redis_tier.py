@@ -9,13 +9,15 @@ Writes run on a background thread (:class:`~hybridcache.tiers.writer.BackgroundW
 delete has reached Redis, ``get``/``contains`` in this process answer from the pending queue,
 so a process always reads its own writes. Reads are pipelined (two round trips per batch).
 
-Never wrong: a manifest from another model, tenant or prefix, a flipped bit, a short or
-missing chunk: all fail validation; the read is a miss and the entry is deleted (only if its
+Never wrong: a manifest or chunk without a valid MAC under the tier secret (forged,
+corrupt, truncated), a manifest from another model, tenant or prefix, one past the hard
+limits (refused before any chunk is read), a short or missing chunk: all fail validation; the read is a miss and the entry is deleted (only if its
 manifest is still the one read, so a fresh entry written meanwhile survives).
 
 Failures never reach the caller: connection errors and timeouts open a circuit breaker
-(misses and dropped writes, one warning per outage, a probe every ``retry_interval_s``, and
-recovery as soon as the server answers); server-side refusals (OOM, NOPERM) are counted and
+(misses and dropped writes, one warning per outage, a probe every ``retry_interval_s`` on a
+background thread, so the caller's thread waits on a black-holed server at most once, for
+one socket timeout; recovery as soon as a probe is answered); server-side refusals (OOM, NOPERM) are counted and
 warned once per kind.
 """
 
@@ -84,7 +86,7 @@ class _Job:
 
 
 class RedisTier(Tier):
-    """Entries in Redis, tenant-isolated, checksummed, written in the background.
+    """Entries in Redis, tenant-isolated, authenticated (MACs under the tier secret), written in the background.
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://``, ``redis-cluster://`` or
@@ -181,8 +183,8 @@ class RedisTier(Tier):
         check_layout(entry, self.chunk_bytes)
         ttl = self.limits.ttl_for(key.tenant, ttl_s)
         job = _Job("put", key, entry, ttl, entry.nbytes)
-        # Checksums are computed on the encoder thread while the writer sends the previous
-        # entry (both release the GIL), so hashing hides behind the network transfer.
+        # MACs are computed on the encoder thread while the writer sends the previous
+        # entry (socket sends release the GIL), so they overlap the network transfer.
         with self._plock:
             if self._closed:
                 self._counters.add(dropped_writes=1)

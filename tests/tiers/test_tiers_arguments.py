@@ -33,7 +33,14 @@ def _block(n: int, nbytes: int = 1000) -> Entry:
 
 def _host_state(tier: HostTier) -> tuple:
     s = tier.stats()
-    return (sorted(k.prefix_hash for k in tier._slots), s.entries, s.bytes_used, s.evictions, s.puts, s.deletes)
+    return (
+        sorted(k.prefix_hash for k in tier._slots),
+        s.entries,
+        s.bytes_used,
+        s.evictions,
+        s.puts,
+        s.deletes,
+    )
 
 
 @pytest.mark.parametrize("priority", ["high", None, float("nan"), float("inf"), True, [1]])

@@ -202,6 +202,11 @@ def test_oversized_manifests_cost_no_chunk_reads(
             EntryAuth(SECRET),
         ),
         "2MiB": gen + b"HCTE\x02\x00" + bytes(2 << 20),
+        # Within the limits and signed, but without chunk MACs: never read from Redis.
+        "signed-untagged": gen
+        + _signed(
+            dict(body, cs=1, p=[["x", "np", "uint8", [60_000], 60_000, []]]), EntryAuth(SECRET)
+        ),
     }
     # The issue's attack as it was: the old layout, an unkeyed checksum, ~60 bytes.
     old = struct.pack("<4sH", b"HCTE", 1) + msgpack.packb(
@@ -347,7 +352,7 @@ def _fill(tier: RedisTier, tally: Tally, r, n: int, ttl_s: float | None) -> dict
     written = {}
     for i in range(n):
         k = key("alice", 100 + i)
-        entry = Entry({"kv": np.full(300_000 + i, i % 251, np.uint8), "s": np.arange(i + 1)})
+        entry = Entry({"kv": np.full(700_000 + i, i % 251, np.uint8), "s": np.arange(i + 1)})
         written[k] = entry
         tally.call(lambda k=k, entry=entry: tier.put(k, entry, ttl_s=ttl_s))
         tier.flush(10)
@@ -363,7 +368,7 @@ def test_maxmemory_leaves_no_orphans_and_no_wrong_reads(
     tier = make_tier(own_redis.url, chunk_bytes=64 << 10)
     r = own_redis.client()
     r.config_set("maxmemory-policy", policy)
-    written = _fill(tier, tally, r, 24, ttl_s)
+    written = _fill(tier, tally, r, 12, ttl_s)
     for k, entry in written.items():
         tally.get(tier, k, entry)
     orphans, no_ttl = _key_census(r)
@@ -372,9 +377,33 @@ def test_maxmemory_leaves_no_orphans_and_no_wrong_reads(
     if policy == "noeviction":
         assert stats.dropped_writes > 0, "the test must reach maxmemory"
         assert orphans == [], f"{len(orphans)} orphan chunk keys"
+        assert tally.counts["hits"] > 0, "what fitted is served"
     else:
         assert tally.counts["misses"] > 0, "the test must make Redis evict"
     if ttl_s is not None:
         assert no_ttl == [], f"{len(no_ttl)} chunk keys without a TTL"
-    assert tally.counts["hits"] > 0
+    tally.check(record_property)
+
+
+@pytest.mark.parametrize("ttl_s", [None, 600.0])
+def test_a_put_refused_after_its_chunks_leaves_no_orphans(
+    own_redis, make_tier, record_property, ttl_s
+):
+    """Deterministic version of a put refused half-way: a user may write chunk keys but not
+    manifests (``NOPERM`` on the manifest ``SET``, after every chunk ``SET`` succeeded).
+    The refused put must take its chunks back."""
+    tally = Tally(f"refused-after-chunks-ttl{ttl_s}")
+    admin = own_redis.client()
+    admin.execute_command("ACL", "SETUSER", "halfway", "on", ">pw", "%R~*", "%W~*}:*", "+@all")
+    url = f"redis://halfway:pw@127.0.0.1:{own_redis.port}"
+    tier = make_tier(url, chunk_bytes=64 << 10)
+    for i in range(4):
+        k = key("alice", 200 + i)
+        tally.call(
+            lambda k=k, i=i: tier.put(k, Entry({"kv": np.full(200_000, i, np.uint8)}), ttl_s=ttl_s)
+        )
+        assert tier.flush(10)
+        tally.get(tier, k, None)
+    assert tier.stats().dropped_writes == 4
+    assert admin.dbsize() == 0, f"{admin.dbsize()} keys left by refused puts"
     tally.check(record_property)
