@@ -138,7 +138,11 @@ class EntryAuth:
             raise KeyError(alg)
         mac_key = self.mac_key(tenant)
         if alg == "hmac-sha256":
-            return lambda _i, data: hmac.digest(mac_key, data, "sha256")[:CHUNK_TAG_BYTES]  # type: ignore[arg-type]
+
+            def hmac_tag(_i: int, data: object) -> bytes:
+                return hmac.digest(mac_key, data, "sha256")[:CHUNK_TAG_BYTES]  # type: ignore[arg-type]
+
+            return hmac_tag
 
         def poly(i: int, data: object) -> bytes:
             one_time = hashlib.blake2b(

@@ -11,14 +11,15 @@ so a process always reads its own writes. Reads are pipelined (two round trips p
 
 Never wrong: a manifest or chunk without a valid MAC under the tier secret (forged,
 corrupt, truncated), a manifest from another model, tenant or prefix, one past the hard
-limits (refused before any chunk is read), a short or missing chunk: all fail validation; the read is a miss and the entry is deleted (only if its
-manifest is still the one read, so a fresh entry written meanwhile survives).
+limits (refused before any chunk is read), a short or missing chunk: all fail validation;
+the read is a miss and the entry is deleted (only if its manifest is still the one read,
+so a fresh entry written meanwhile survives).
 
 Failures never reach the caller: connection errors and timeouts open a circuit breaker
 (misses and dropped writes, one warning per outage, a probe every ``retry_interval_s`` on a
 background thread, so the caller's thread waits on a black-holed server at most once, for
-one socket timeout; recovery as soon as a probe is answered); server-side refusals (OOM, NOPERM) are counted and
-warned once per kind.
+one socket timeout; recovery as soon as a probe is answered); server-side refusals (OOM,
+NOPERM) are counted and warned once per kind.
 """
 
 from __future__ import annotations
@@ -86,7 +87,8 @@ class _Job:
 
 
 class RedisTier(Tier):
-    """Entries in Redis, tenant-isolated, authenticated (MACs under the tier secret), written in the background.
+    """Entries in Redis: tenant-isolated, authenticated under the tier secret, written in
+    the background.
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://``, ``redis-cluster://`` or

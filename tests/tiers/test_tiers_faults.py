@@ -244,7 +244,8 @@ def _stall_case(tier: RedisTier, k: EntryKey, entry: Entry, tally: Tally, n: int
 def test_black_holed_server_stalls_the_caller_once(own_redis, make_tier, record_property, how):
     """After the first timeout the breaker fails fast and probes run on their own thread:
     40 lookups over ~1 s (retry interval 0.05 s: a probe comes due every 0.05 s, and runs
-    as soon as the previous one gave up) cost one socket timeout, not one per probe. Then the server answers again and reads hit."""
+    as soon as the previous one gave up) cost one socket timeout, not one per probe. Then
+    the server answers again and reads hit."""
     tally = Tally(f"paused-{how}")
     timeout = 0.5
     tier = make_tier(own_redis.url, socket_timeout=timeout, retry_interval_s=0.05)
