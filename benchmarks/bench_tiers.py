@@ -6,8 +6,8 @@ free loopback port and measures, for the same bytes:
 
 * ``raw 1 value``: redis-py ``SET``/``GET`` of the whole snapshot as one value;
 * ``raw pieces``: one pipelined round trip of 40 ``SET``s / one ``MGET`` of the 40 pieces;
-* ``RedisTier``: ``put`` x N then ``flush()`` (background writer, checksums, chunk keys then
-  manifest), and ``get`` (manifest + chunks, validation, checksums, zero-copy decode);
+* ``RedisTier``: ``put`` x N then ``flush()`` (background writer, chunk MACs, chunk keys then
+  manifest), and ``get`` (manifest + chunks, MAC checks, zero-copy decode);
 * ``HostTier``: put (copy into host memory) and get (zero-copy views), for reference.
 
 Puts write *new* keys in every run on both sides, as caching new prefixes does (the tier

@@ -24,6 +24,7 @@ RedisTier(...)])`` demotes what the device evicts and, from ``prefetch(request_i
 See ``docs/tiers.md`` for deployment, key layout, format and failure behaviour.
 """
 
+from hybridcache.tiers.auth import EntryAuth
 from hybridcache.tiers.base import Tier, TierStats
 from hybridcache.tiers.errors import (
     ChecksumMismatchError,
@@ -48,6 +49,7 @@ from hybridcache.tiers.format import (
     from_blob,
     parse_header,
     to_blob,
+    verify_header,
 )
 from hybridcache.tiers.host import HostTier
 from hybridcache.tiers.keys import EntryKey, KeyCodec
@@ -64,6 +66,7 @@ __all__ = [
     "DemotionPolicy",
     "EncodedEntry",
     "Entry",
+    "EntryAuth",
     "EntryFormatError",
     "EntryKey",
     "FingerprintMismatchError",
@@ -91,4 +94,5 @@ __all__ = [
     "from_blob",
     "parse_header",
     "to_blob",
+    "verify_header",
 ]

@@ -13,13 +13,50 @@ relies on to be *never wrong*:
 
 from __future__ import annotations
 
+import math
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 
+from hybridcache.tiers.errors import InvalidEntryError, TierConfigError
 from hybridcache.tiers.format import Entry
 from hybridcache.tiers.keys import EntryKey
+from hybridcache.tiers.limits import check_ttl
+
+
+def check_key(key: object) -> EntryKey:
+    """``key`` must be an :class:`EntryKey` (a str or tuple is a caller's bug, said at once)."""
+    if not isinstance(key, EntryKey):
+        raise TierConfigError(f"key: need an EntryKey, got {type(key).__name__}")
+    return key
+
+
+def check_keys(keys: object) -> list[EntryKey]:
+    """A sequence of :class:`EntryKey` (a bare str is refused, not iterated)."""
+    if isinstance(keys, str | bytes) or not isinstance(keys, Sequence):
+        raise TierConfigError(f"keys: need a sequence of EntryKey, got {type(keys).__name__}")
+    return [check_key(k) for k in keys]
+
+
+def check_put(key: object, entry: object, ttl_s: object, priority: object) -> float:
+    """Validate every argument of ``put`` before a tier changes anything; returns the
+    priority as a float.
+
+    Raises:
+        TierConfigError: ``key`` not an :class:`EntryKey`, a bad ``ttl_s``, or a
+            ``priority`` that is not a finite real number (bool refused).
+        InvalidEntryError: ``entry`` not an :class:`Entry`.
+    """
+    check_key(key)
+    if not isinstance(entry, Entry):
+        raise InvalidEntryError(f"entry: need an Entry, got {type(entry).__name__}")
+    check_ttl(ttl_s, "ttl_s")  # type: ignore[arg-type]
+    if isinstance(priority, bool) or not isinstance(priority, int | float):
+        raise TierConfigError(f"priority: need a real number, got {priority!r}")
+    if not math.isfinite(priority):
+        raise TierConfigError(f"priority: must be finite, got {priority!r}")
+    return float(priority)
 
 
 @dataclass(frozen=True)

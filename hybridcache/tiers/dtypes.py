@@ -95,7 +95,8 @@ def describe(value: object, name: str) -> tuple[str, str, tuple[int, ...], int]:
     """Cheap validation of a piece: ``(kind, dtype name, shape, nbytes)``; no copy.
 
     Raises:
-        InvalidEntryError: unsupported type or dtype, or a tensor not on the CPU.
+        InvalidEntryError: unsupported type or dtype, a tensor not on the CPU, or a tensor
+            that is not strided (sparse, mkldnn).
     """
     if isinstance(value, np.ndarray):
         dname = value.dtype.name
@@ -106,6 +107,10 @@ def describe(value: object, name: str) -> tuple[str, str, tuple[int, ...], int]:
         dname = str(value.dtype).removeprefix("torch.")
         if dname not in TORCH_DTYPES:
             raise InvalidEntryError(f"piece {name!r}: unsupported torch dtype {value.dtype}")
+        if value.layout != torch.strided:  # sparse / mkldnn: no plain bytes to store
+            raise InvalidEntryError(
+                f"piece {name!r}: {value.layout} tensors are not supported; store .to_dense()"
+            )
         if value.device.type != "cpu":
             raise InvalidEntryError(
                 f"piece {name!r}: tensor on {value.device}; gather it to host memory first"

@@ -39,7 +39,7 @@ class MissingPieceError(EntryFormatError):
 
 
 class ChecksumMismatchError(EntryFormatError):
-    """A piece's xxh3-64 checksum differs from the one recorded at write time."""
+    """A MAC (of the manifest or of a chunk) does not verify: forged, corrupt or truncated."""
 
 
 class FormatVersionError(EntryFormatError):

@@ -1,10 +1,15 @@
 """Fail closed: turn a remote store's outages into misses, one warning, and quick recovery.
 
 When Redis is down every call would otherwise wait for a connect timeout, stalling the
-engine on a cache that is only an optimisation. :class:`Breaker` remembers the failure and,
-for ``retry_interval_s``, answers "unavailable" at once (the caller then reports a miss or
-drops the write). After the interval one call is let through as a probe; success closes the
-breaker and logs the recovery. A warning is logged once per outage, not once per call.
+engine on a cache that is only an optimisation. :class:`Breaker` remembers the failure and
+answers "unavailable" at once (the caller then reports a miss or drops the write) until the
+store answers again. A black-holed server (paused, a dropped route) is the worst case: every
+request waits the full socket timeout. So with a ``probe`` the breaker never lets a caller's
+call through while open: once ``retry_interval_s`` has passed, ``allow`` starts the probe on
+a background thread (at most one at a time) and returns ``False`` at once; the probe's
+success closes the breaker, its failure keeps it open for another interval. A caller's
+thread is blocked by the breaker only for a lock and, every interval, a thread start
+(microseconds). A warning is logged once per outage, not once per call.
 """
 
 from __future__ import annotations
@@ -23,6 +28,9 @@ class Breaker:
         retry_interval_s: how long to fail fast after a failure before probing again.
         logger: where warnings go.
         clock: monotonic seconds (injectable for tests).
+        probe: called on a background thread to test the store while the breaker is open
+            (raise on failure). ``None``: the first call after the interval probes, in the
+            caller's thread (only for stores whose failures are quick).
     """
 
     def __init__(
@@ -31,6 +39,7 @@ class Breaker:
         retry_interval_s: float,
         logger: logging.Logger,
         clock: Callable[[], float] = time.monotonic,
+        probe: Callable[[], object] | None = None,
     ) -> None:
         self.name = name
         self.retry_interval_s = retry_interval_s
@@ -39,6 +48,9 @@ class Breaker:
         self._lock = threading.Lock()
         self._open_until: float | None = None
         self._outage = False
+        self._probe = probe
+        self._probing = False
+        self.probes = 0
 
     @property
     def is_open(self) -> bool:
@@ -50,11 +62,28 @@ class Breaker:
         with self._lock:
             if self._open_until is None:
                 return True
-            if self._clock() >= self._open_until:
-                # Let this call probe; others keep failing fast until it reports back.
-                self._open_until = self._clock() + self.retry_interval_s
-                return True
-            return False
+            if self._clock() < self._open_until or self._probing:
+                return False
+            self._open_until = self._clock() + self.retry_interval_s
+            if self._probe is None:
+                return True  # this call probes; others fail fast until it reports back
+            self._probing = True
+            self.probes += 1
+        threading.Thread(target=self._run_probe, name="hybridcache-tier-probe", daemon=True).start()
+        return False
+
+    def _run_probe(self) -> None:
+        """Background thread: test the store; close the breaker if it answers."""
+        assert self._probe is not None
+        try:
+            self._probe()
+        except Exception as exc:  # any failure keeps the breaker open for an interval
+            self.failure(exc)
+        else:
+            self.success()
+        finally:
+            with self._lock:
+                self._probing = False
 
     def failure(self, exc: BaseException) -> None:
         """Record a failure; the first of an outage logs a warning."""

@@ -29,6 +29,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hybridcache.tiers.base import Counters, Tier, TierStats
+from hybridcache.tiers.auth import EntryAuth
+from hybridcache.tiers.base import Counters, Tier, TierStats, check_key, check_keys, check_put
 from hybridcache.tiers.errors import EntryFormatError, TierConfigError
 from hybridcache.tiers.format import EncodedEntry, Entry, Header, decode, encode, parse_header
 from hybridcache.tiers.keys import EntryKey
@@ -69,7 +71,7 @@ class HostTier(Tier):
         capacity_bytes: most bytes held (payload, alignment and headers).
         limits: per-tenant TTLs and byte quotas.
         pin_memory: allocate pinned buffers; ``None`` pins when CUDA is available.
-        verify_reads: check piece checksums on every ``get`` (off by default: the memory
+        verify_reads: check chunk MACs on every ``get`` (off by default: the memory
             is the tier's own; turn on to catch callers writing into returned tensors).
         clock: monotonic seconds; injectable so TTL tests need no sleeping.
         on_evict: called with ``(key, entry, ttl_left_s, priority)`` for each entry evicted
@@ -109,6 +111,8 @@ class HostTier(Tier):
         self._deadlines: list[tuple[float, int, EntryKey]] = []
         self._ticks = itertools.count()
         self._counters = Counters()
+        # The bytes never leave this process, so a key of its own authenticates them.
+        self._auth = EntryAuth(os.urandom(32))
 
     # ------------------------------------------------------------------ public API
 
@@ -116,8 +120,9 @@ class HostTier(Tier):
         self, key: EntryKey, entry: Entry, *, ttl_s: float | None = None, priority: float = 0.0
     ) -> bool:
         """Copy ``entry`` into host memory, evicting as needed; ``False`` if it cannot fit."""
+        priority = check_put(key, entry, ttl_s, priority)  # before anything changes
         ttl = self.limits.ttl_for(key.tenant, ttl_s)
-        encoded = encode(key, entry)
+        encoded = encode(key, entry, self._auth, tag=self.verify_reads)
         size = _stored_size(encoded)
         quota = self.limits.quota_for(key.tenant)
         if quota is not None and size > quota:
@@ -127,7 +132,7 @@ class HostTier(Tier):
             self._counters.add(dropped_writes=1)
             return False
         storage, view, offsets = self._copy_in(encoded)
-        header = parse_header(key, encoded.header)
+        header = parse_header(key, encoded.header, self._auth)
         victims: list[_Slot] = []
         with self._lock:
             now = self._clock()
@@ -158,14 +163,16 @@ class HostTier(Tier):
         return True
 
     def get_many(self, keys: Sequence[EntryKey]) -> list[Entry | None]:
-        return [self._get(k) for k in keys]
+        return [self._get(k) for k in check_keys(keys)]
 
     def contains_many(self, keys: Sequence[EntryKey]) -> list[bool]:
+        keys = check_keys(keys)
         with self._lock:
             self._expire(self._clock())
             return [k in self._slots for k in keys]
 
     def delete(self, key: EntryKey) -> None:
+        check_key(key)
         with self._lock:
             if self._remove(key):
                 self._counters.add(deletes=1)
@@ -204,7 +211,7 @@ class HostTier(Tier):
             return None
         chunks = [slot.view[o : o + n] for o, n in slot.offsets]
         try:
-            entry = decode(key, slot.header, chunks, verify=self.verify_reads)
+            entry = decode(key, slot.header, chunks, self._auth, verify=self.verify_reads)
         except EntryFormatError:  # a caller wrote into a returned tensor: never serve it
             with self._lock:
                 if self._slots.get(key) is slot:
@@ -278,7 +285,7 @@ class HostTier(Tier):
             chunks = [slot.view[o : o + n] for o, n in slot.offsets]
             ttl_left = None if slot.expires_at is None else max(slot.expires_at - now, 1e-3)
             try:
-                entry = decode(slot.key, slot.header, chunks, verify=False)
+                entry = decode(slot.key, slot.header, chunks, self._auth, verify=False)
                 self.on_evict(slot.key, entry, ttl_left, slot.priority)  # type: ignore[misc]
             except Exception:  # a spill target's bug must not fail this put
                 _log.exception("host tier: on_evict failed for an evicted entry")

@@ -34,18 +34,16 @@ manifest and chunks share the ``{digest}`` hash tag, so they live on one Cluster
 
 from __future__ import annotations
 
-import hashlib
 import re
-import threading
 from dataclasses import dataclass
 
+from hybridcache.tiers.auth import MIN_SECRET_BYTES, EntryAuth
 from hybridcache.tiers.errors import TierConfigError
 
-#: Tenants, namespaces and fingerprints: safe inside Redis keys and ACL patterns.
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+__all__ = ["MIN_SECRET_BYTES", "DIGEST_BYTES", "EntryKey", "KeyCodec", "check_name"]
 
-#: Shortest deployment secret accepted (128 bits).
-MIN_SECRET_BYTES = 16
+#: Tenants, namespaces and fingerprints: safe inside Redis keys and ACL patterns.
+_NAME_RE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 #: Bytes of the keyed digest kept in a key (128 bits: collisions are not a concern).
 DIGEST_BYTES = 16
@@ -58,7 +56,7 @@ def check_name(value: object, what: str) -> str:
         TierConfigError: if ``value`` is not 1-64 characters of ``[A-Za-z0-9_.-]``. Colons and
             braces are refused so that no tenant can forge another's key prefix or hash tag.
     """
-    if not isinstance(value, str) or not _NAME_RE.match(value):
+    if not isinstance(value, str) or not _NAME_RE.fullmatch(value):
         raise TierConfigError(f"{what}: must be 1-64 characters of [A-Za-z0-9_.-], got {value!r}")
     return value
 
@@ -108,36 +106,20 @@ class KeyCodec:
 
     Args:
         namespace: first key component; lets several deployments share one Redis.
-        secret: deployment secret, at least 16 bytes, identical on every engine that shares
-            the cache (a different secret is a different, disjoint cache).
+        secret: deployment secret, at least 16 bytes (a str is encoded as UTF-8), or an
+            :class:`~hybridcache.tiers.auth.EntryAuth` built from it; identical on every
+            engine that shares the cache (a different secret is a different, disjoint cache).
     """
 
-    def __init__(self, namespace: str, secret: bytes) -> None:
+    def __init__(self, namespace: str, secret: bytes | str | EntryAuth) -> None:
         self.namespace = check_name(namespace, "namespace")
-        if not isinstance(secret, bytes | bytearray) or len(secret) < MIN_SECRET_BYTES:
-            raise TierConfigError(f"secret: need at least {MIN_SECRET_BYTES} bytes")
-        self._secret = bytes(secret)
-        self._tenant_keys: dict[str, bytes] = {}
-        self._lock = threading.Lock()
-
-    def _tenant_key(self, tenant: str) -> bytes:
-        key = self._tenant_keys.get(tenant)
-        if key is None:
-            key = hashlib.blake2b(
-                tenant.encode(), key=self._secret, digest_size=32, person=b"hc-tier-tenant"
-            ).digest()
-            with self._lock:
-                if len(self._tenant_keys) > 65536:  # bound memory with many short-lived tenants
-                    self._tenant_keys.clear()
-                self._tenant_keys[tenant] = key
-        return key
+        self.auth = secret if isinstance(secret, EntryAuth) else EntryAuth(secret)
 
     def digest(self, key: EntryKey) -> str:
         """Hex keyed digest of (fingerprint, prefix hash) under the tenant's sub-key."""
-        msg = key.fingerprint.encode() + b"\x00" + key.prefix_hash
-        return hashlib.blake2b(
-            msg, key=self._tenant_key(key.tenant), digest_size=DIGEST_BYTES, person=b"hc-tier-entry"
-        ).hexdigest()
+        return self.auth.prefix_digest(
+            key.fingerprint, key.tenant, key.prefix_hash, DIGEST_BYTES
+        ).hex()
 
     def entry_key(self, key: EntryKey) -> str:
         """``ns:tenant:fingerprint:{digest}``: the entry's manifest key (chunks extend it)."""

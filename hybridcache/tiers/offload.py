@@ -32,9 +32,7 @@ threads are fine).
 from __future__ import annotations
 
 import logging
-import math
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -51,6 +49,8 @@ from hybridcache.tiers.offload_io import DeviceIO, UnitKeys, layout_fingerprint
 from hybridcache.tiers.offload_lookup import TierLookup
 from hybridcache.tiers.offload_plan import LoadPlan, OffloadMetrics
 from hybridcache.tiers.offload_policy import DemotionPolicy, PathMemory
+from hybridcache.tiers.offload_stored import StoredMemory
+from hybridcache.tiers.unseeded import warn_if_unseeded
 
 _log = logging.getLogger("hybridcache.tiers.offload")
 
@@ -103,6 +103,8 @@ class OffloadCoordinator:
         load_batch_bytes: payload fetched from a tier per batch (bounds host memory).
         path_memory: unit digests remembered for the demotion rule.
         stored_memory: keys remembered as already stored (skips re-demoting them).
+        stored_max_age_s: how long such a record is trusted; prefetch probes also forget
+            keys they find missing (see :mod:`.offload_stored`).
     """
 
     def __init__(
@@ -116,6 +118,7 @@ class OffloadCoordinator:
         load_batch_bytes: int = 256 << 20,
         path_memory: int = 1 << 20,
         stored_memory: int = 1 << 20,
+        stored_max_age_s: float | None = 600.0,
     ) -> None:
         if not tiers:
             raise TierConfigError("OffloadCoordinator: need at least one tier")
@@ -137,8 +140,8 @@ class OffloadCoordinator:
         self.lookup = TierLookup(self.tiers, self.tier_names, self.metrics)
         self._paths = PathMemory(path_memory)
         self._settled_tick = -1  # requests are only freed by calls that advance the tick
-        self._stored: OrderedDict[EntryKey, float] = OrderedDict()
-        self._stored_memory = stored_memory
+        self._stored = StoredMemory(stored_memory, stored_max_age_s)
+        warn_if_unseeded(manager.config.hash_seed, self.tiers)
         self._unit_flops = manager.spec.flops.prefill_flops(0, manager.unit)
         self._warned: set[str] = set()
         self._chained = manager.index.on_evict
@@ -280,7 +283,7 @@ class OffloadCoordinator:
             if below is not None and below.put(key, entry, ttl_s=ttl_left, priority=priority):
                 self.metrics.spilled_entries += 1
                 return
-            self._stored.pop(key, None)  # gone from every tier: demote it again next time
+            self._stored.forget(key)  # gone from every tier: demote it again next time
 
         return spill
 
@@ -295,22 +298,11 @@ class OffloadCoordinator:
         TTL is unknown: with TTLs it is not remembered, so evicting it re-demotes it (and
         the put refreshes its TTL)."""
         ttl = self._ttl_for(key.tenant)
-        if loaded and ttl is not None:
-            return
-        deadline = math.inf if ttl is None else time.monotonic() + 0.9 * ttl
-        self._stored[key] = deadline
-        self._stored.move_to_end(key)
-        while len(self._stored) > self._stored_memory:
-            self._stored.popitem(last=False)
+        if not (loaded and ttl is not None):
+            self._stored.remember(key, ttl)
 
     def _is_stored(self, key: EntryKey) -> bool:
-        deadline = self._stored.get(key)
-        if deadline is None:
-            return False
-        if deadline < time.monotonic():
-            del self._stored[key]
-            return False
-        return True
+        return self._stored.known(key)
 
     # ------------------------------------------------------------------ prefetch
     def _prefetch(self, req: Request, work: _Work, t0: float) -> LoadPlan | None:
@@ -370,13 +362,15 @@ class OffloadCoordinator:
                         keys.append(self.keys.snap(tenant, digests[i]))
                         what.append((i, True))
             found = self.lookup.locate(keys)
+            self._stored.forget_all(k for k, src in zip(keys, found, strict=True) if src is None)
             kv_at: dict[int, int | None] = {}
             snap_at: dict[int, int | None] = {}
             for (i, is_snap), src in zip(what, found, strict=True):
                 (snap_at if is_snap else kv_at)[i] = src
             for i in range(pos, end):
                 src = kv_at.get(i, DEVICE)
-                if src is None:
+                if src is None:  # past a hole: what we stored is as likely lost
+                    self._stored.forget_all(self._path_keys(tenant, digests[i:]))
                     return probe
                 if i in kv_at:
                     probe.kv_src[i] = src
@@ -387,6 +381,9 @@ class OffloadCoordinator:
                         probe.snaps.append((i + 1, s))
             pos, step = end, step * 2
         return probe
+
+    def _path_keys(self, tenant: str | None, digests: list[bytes]) -> list[EntryKey]:
+        return [k for d in digests for k in (self.keys.kv(tenant, d), self.keys.snap(tenant, d))]
 
     def _hold(
         self,
@@ -400,7 +397,9 @@ class OffloadCoordinator:
         index = self.manager.index
         work.held = index.chain_holds(digests, 0, target)
         index.hold_runs(work.held)
-        pins = [index.handles[digests[b - 1]] for b, src in probe.snaps if src == DEVICE and b <= target]
+        pins = [
+            index.handles[digests[b - 1]] for b, src in probe.snaps if src == DEVICE and b <= target
+        ]
         if snap_node is not None:
             pins.append(snap_node)
         for node in pins:
@@ -569,7 +568,7 @@ class OffloadCoordinator:
         if not ok:
             self.metrics.load_invalid += 1
             self.tiers[t].delete(key)
-            self._stored.pop(key, None)
+            self._stored.forget(key)
         else:
             self._mark_stored(key, loaded=True)
         return ok

@@ -64,7 +64,7 @@ def tier_tenant(tenant: str | None) -> str:
     """The tier's name for a manager tenant (see the module notes)."""
     if tenant is None:
         return ANON_TENANT
-    if _NAME_RE.match(tenant):
+    if _NAME_RE.fullmatch(tenant):
         return tenant
     return "t-" + hashlib.blake2b(tenant.encode(), digest_size=12).hexdigest()
 

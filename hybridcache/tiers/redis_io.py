@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from hybridcache.tiers.auth import EntryAuth
 from hybridcache.tiers.errors import EntryFormatError
-from hybridcache.tiers.format import EncodedEntry, Entry, decode, parse_header
+from hybridcache.tiers.format import EncodedEntry, Entry, decode, parse_header, verify_header
 from hybridcache.tiers.keys import EntryKey
 from hybridcache.tiers.redis_conn import RedisClient
 from hybridcache.tiers.redis_layout import (
@@ -51,9 +52,11 @@ class Fetched:
 
 @dataclass(frozen=True)
 class WriteOp:
-    """A put (``encoded`` set) or a delete (``encoded`` None) of the entry at ``name``."""
+    """A put (``encoded`` set) or a delete (``encoded`` None) of the entry at ``name`` of
+    ``tenant`` (whose MAC key reads the manifest it replaces)."""
 
     name: str
+    tenant: str
     encoded: EncodedEntry | None = None
     ttl_s: float | None = None
     generation: str = ""
@@ -76,9 +79,12 @@ def pipelined(client: RedisClient, command: str, names: Sequence[str]) -> list[A
 
 
 def fetch(
-    client: RedisClient, keys: Sequence[EntryKey], names: Sequence[str], verify: bool
+    client: RedisClient, keys: Sequence[EntryKey], names: Sequence[str], auth: EntryAuth
 ) -> Fetched:
-    """Read and validate the entries at ``names`` (``None`` for each one absent or bad)."""
+    """Read and validate the entries at ``names`` (``None`` for each one absent or bad).
+
+    A manifest is authenticated and checked against the hard limits before its chunks are
+    asked for, so a forged or crafted one costs one ``GET`` of at most 1 MiB, no more."""
     out = Fetched([None] * len(keys))
     plans: list[tuple[int, bytes, Any, list[str]]] = []
     for i, manifest in enumerate(pipelined(client, "get", names)):
@@ -89,7 +95,9 @@ def fetch(
             continue
         try:
             gen, header_bytes = unpack_manifest(manifest)
-            header = parse_header(keys[i], header_bytes)
+            header = parse_header(keys[i], header_bytes, auth)
+            if not header.tagged:
+                raise EntryFormatError("manifest: chunks without MACs")
         except EntryFormatError as exc:
             out.bad.append(BadEntry(keys[i], names[i], manifest, [], str(exc)))
             continue
@@ -105,7 +113,7 @@ def fetch(
         try:
             if isinstance(values, Exception):
                 raise EntryFormatError(f"chunks unreadable: {values}")
-            out.entries[i] = decode(keys[i], header, values, verify=verify)
+            out.entries[i] = decode(keys[i], header, values, auth)
         except EntryFormatError as exc:
             out.bad.append(BadEntry(keys[i], names[i], manifest, chunks, str(exc)))
     return out
@@ -140,13 +148,17 @@ def write(client: RedisClient, ops: Sequence[WriteOp]) -> Written:
     return Written(errors, replaced)
 
 
-def chunks_of(name: str, manifest: bytes | None, keep_generation: str = "") -> list[str]:
-    """Chunk keys a stored manifest names (none if it is unreadable or of ``keep_generation``)."""
+def chunks_of(
+    op: WriteOp, manifest: bytes | None, auth: EntryAuth, keep_generation: str = ""
+) -> list[str]:
+    """Chunk keys a stored manifest names (none if it is unreadable, not authentic or of
+    ``keep_generation``): a writer never deletes keys a forged manifest points at."""
     if not manifest:
         return []
+    name = op.name
     try:
         gen, header_bytes = unpack_manifest(manifest)
-        header = parse_header(None, header_bytes)
+        header = verify_header(op.tenant, header_bytes, auth)
     except EntryFormatError:  # a corrupt manifest: its chunks expire with their TTL
         return []
     return [] if gen == keep_generation else chunk_names(name, gen, header.num_chunks)

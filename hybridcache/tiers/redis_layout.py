@@ -32,7 +32,7 @@ import re
 from hybridcache.tiers.errors import EntryFormatError
 
 GEN_CHARS = 16
-_GEN_RE = re.compile(rb"^[0-9a-f]{16}$")
+_GEN_RE = re.compile(rb"[0-9a-f]{16}")
 
 #: Chunks outlive their manifest by this much, so TTL expiry never makes an entry partial.
 CHUNK_TTL_GRACE_MS = 1000
@@ -60,7 +60,7 @@ def pack_manifest(generation: str, header: bytes) -> bytes:
 def unpack_manifest(value: bytes) -> tuple[str, bytes]:
     """``(generation, header)``; the header is validated later by the format module."""
     gen = value[:GEN_CHARS]
-    if not _GEN_RE.match(gen):
+    if not _GEN_RE.fullmatch(gen):
         raise EntryFormatError("manifest: bad generation prefix")
     return gen.decode(), value[GEN_CHARS:]
 

@@ -9,14 +9,17 @@ Writes run on a background thread (:class:`~hybridcache.tiers.writer.BackgroundW
 delete has reached Redis, ``get``/``contains`` in this process answer from the pending queue,
 so a process always reads its own writes. Reads are pipelined (two round trips per batch).
 
-Never wrong: a manifest from another model, tenant or prefix, a flipped bit, a short or
-missing chunk: all fail validation; the read is a miss and the entry is deleted (only if its
-manifest is still the one read, so a fresh entry written meanwhile survives).
+Never wrong: a manifest or chunk without a valid MAC under the tier secret (forged,
+corrupt, truncated), a manifest from another model, tenant or prefix, one past the hard
+limits (refused before any chunk is read), a short or missing chunk: all fail validation;
+the read is a miss and the entry is deleted (only if its manifest is still the one read,
+so a fresh entry written meanwhile survives).
 
 Failures never reach the caller: connection errors and timeouts open a circuit breaker
-(misses and dropped writes, one warning per outage, a probe every ``retry_interval_s``, and
-recovery as soon as the server answers); server-side refusals (OOM, NOPERM) are counted and
-warned once per kind.
+(misses and dropped writes, one warning per outage, a probe every ``retry_interval_s`` on a
+background thread, so the caller's thread waits on a black-holed server at most once, for
+one socket timeout; recovery as soon as a probe is answered); server-side refusals (OOM,
+NOPERM) are counted and warned once per kind.
 """
 
 from __future__ import annotations
@@ -39,15 +42,15 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from hybridcache.tiers import redis_io
-from hybridcache.tiers.base import Counters, Tier, TierStats
+from hybridcache.tiers.base import Counters, Tier, TierStats, check_key, check_keys, check_put
 from hybridcache.tiers.errors import TierConfigError
-from hybridcache.tiers.format import EncodedEntry, Entry, encode
+from hybridcache.tiers.format import EncodedEntry, Entry, check_layout, encode
 from hybridcache.tiers.health import Breaker
 from hybridcache.tiers.keys import EntryKey, KeyCodec
 from hybridcache.tiers.limits import TenantLimits
 from hybridcache.tiers.quota import QuotaLedger
 from hybridcache.tiers.redis_conn import RedisClient, connect, is_cluster_url, redact
-from hybridcache.tiers.redis_layout import DROP_LUA, new_generation
+from hybridcache.tiers.redis_layout import DROP_LUA, chunk_names, new_generation, pack_manifest
 from hybridcache.tiers.writer import BackgroundWriter
 
 _log = logging.getLogger("hybridcache.tiers.redis")
@@ -84,14 +87,16 @@ class _Job:
 
 
 class RedisTier(Tier):
-    """Entries in Redis, tenant-isolated, checksummed, written in the background.
+    """Entries in Redis: tenant-isolated, authenticated under the tier secret, written in
+    the background.
 
     Args:
         url: ``redis://``, ``rediss://``, ``unix://``, ``redis-cluster://`` or
             ``rediss-cluster://`` (see :mod:`hybridcache.tiers.redis_conn`); or pass ``client``.
-        secret: deployment secret for the keyed key digests (>= 16 bytes); defaults to the
-            ``HYBRIDCACHE_TIER_SECRET`` environment variable. Every engine sharing the cache
-            needs the same secret.
+        secret: deployment secret (>= 16 bytes; a ``str`` is encoded as UTF-8, as the
+            ``HYBRIDCACHE_TIER_SECRET`` environment variable it defaults to). It keys the key
+            digests and the MACs of every manifest and chunk (:mod:`.auth`). Every engine
+            sharing the cache needs the same secret.
         namespace: first key component.
         client: an existing redis-py client (``decode_responses=False``) instead of ``url``.
         limits: per-tenant TTLs and byte quotas (quotas are kept in Redis, shared by engines).
@@ -101,7 +106,8 @@ class RedisTier(Tier):
             are dropped.
         retry_interval_s: after a connection failure, serve misses for this long before
             probing the server again.
-        verify_reads: check piece checksums on read (keep on: it costs ~3% of a read).
+        verify_reads: must stay ``True``: every chunk's MAC is checked on read (an entry
+            from shared storage is never served unauthenticated); ``False`` is refused.
         write_batch_bytes: most payload bytes the writer sends in one pipeline (at least one
             entry); small entries are batched up to it, large ones go one by one.
         **redis_kwargs: passed to redis-py (``username``, ``password``, ``ssl_ca_certs``...).
@@ -111,7 +117,7 @@ class RedisTier(Tier):
         self,
         url: str | None = None,
         *,
-        secret: bytes | None = None,
+        secret: bytes | str | None = None,
         namespace: str = "hc",
         client: RedisClient | None = None,
         limits: TenantLimits | None = None,
@@ -127,11 +133,14 @@ class RedisTier(Tier):
             raise TierConfigError("RedisTier: pass exactly one of url and client")
         if chunk_bytes <= 0:
             raise TierConfigError(f"chunk_bytes: must be positive, got {chunk_bytes}")
+        if verify_reads is not True:
+            raise TierConfigError("verify_reads: must be True (chunks are always authenticated)")
         if secret is None and os.environ.get(SECRET_ENV):
-            secret = os.environ[SECRET_ENV].encode()
+            secret = os.environ[SECRET_ENV]
         if secret is None:
             raise TierConfigError(f"RedisTier: pass secret= or set {SECRET_ENV}")
         self.codec = KeyCodec(namespace, secret)
+        self.auth = self.codec.auth
         self.limits = limits or TenantLimits()
         self.chunk_bytes = chunk_bytes
         self.verify_reads = verify_reads
@@ -145,7 +154,7 @@ class RedisTier(Tier):
         self._ledger: QuotaLedger | None = None
         self._drop_lua: Any = None
         self._client_lock = threading.Lock()
-        self._breaker = Breaker(self.name, retry_interval_s, _log)
+        self._breaker = Breaker(self.name, retry_interval_s, _log, probe=self._probe)
         self._counters = Counters()
         self._warned: set[str] = set()
         self._pending: dict[EntryKey, _Job] = {}
@@ -168,17 +177,23 @@ class RedisTier(Tier):
         """Queue ``entry`` for writing; returns at once (``False``: queue full, dropped).
 
         The tier keeps references to the entry's arrays until written: do not modify them.
-        ``priority`` is ignored (Redis evicts by quota order and TTL).
+        ``priority`` is ignored (Redis evicts by quota order and TTL). Every argument is
+        validated here, in the caller's thread (raising the library's error), so nothing
+        can fail later in the writer thread but the server.
         """
+        check_put(key, entry, ttl_s, priority)
+        check_layout(entry, self.chunk_bytes)
         ttl = self.limits.ttl_for(key.tenant, ttl_s)
         job = _Job("put", key, entry, ttl, entry.nbytes)
-        # Checksums are computed on the encoder thread while the writer sends the previous
-        # entry (both release the GIL), so hashing hides behind the network transfer.
+        # MACs are computed on the encoder thread while the writer sends the previous
+        # entry (socket sends release the GIL), so they overlap the network transfer.
         with self._plock:
             if self._closed:
                 self._counters.add(dropped_writes=1)
                 return False
-            job.encoded = self._encoder.submit(encode, key, entry, chunk_bytes=self.chunk_bytes)
+            job.encoded = self._encoder.submit(
+                encode, key, entry, self.auth, chunk_bytes=self.chunk_bytes
+            )
             if not self._writer.submit(job):
                 job.encoded.cancel()
                 self._counters.add(dropped_writes=1)
@@ -188,12 +203,14 @@ class RedisTier(Tier):
 
     def delete(self, key: EntryKey) -> None:
         """Queue a delete, ordered after earlier puts of the same key (never dropped)."""
+        check_key(key)
         job = _Job("delete", key, None, None, 0)
         with self._plock:
             self._writer.submit(job, bounded=False)
             self._pending[key] = job
 
     def get_many(self, keys: Sequence[EntryKey]) -> list[Entry | None]:
+        keys = check_keys(keys)
         results: list[Entry | None] = [None] * len(keys)
         remote = self._serve_pending(keys, results, lambda job: job.entry)
         if remote:
@@ -210,6 +227,7 @@ class RedisTier(Tier):
         return results
 
     def contains_many(self, keys: Sequence[EntryKey]) -> list[bool]:
+        keys = check_keys(keys)
         found: list[bool] = [False] * len(keys)
         remote = self._serve_pending(keys, found, lambda job: job.entry is not None)
         if remote:
@@ -276,7 +294,7 @@ class RedisTier(Tier):
     def _fetch(
         self, client: RedisClient, keys: list[EntryKey], names: list[str]
     ) -> list[Entry | None]:
-        fetched = redis_io.fetch(client, keys, names, self.verify_reads)
+        fetched = redis_io.fetch(client, keys, names, self.auth)
         for bad in fetched.bad:
             self._drop(client, bad)
         return fetched.entries
@@ -320,29 +338,32 @@ class RedisTier(Tier):
         for job in jobs:
             name = self.codec.entry_key(job.key)
             if job.op == "delete":
-                ops.append(redis_io.WriteOp(name))
+                ops.append(redis_io.WriteOp(name, job.key.tenant))
                 owners.append(job)
                 continue
             assert job.entry is not None
             if job.encoded is not None:
                 encoded = job.encoded.result()
             else:
-                encoded = encode(job.key, job.entry, chunk_bytes=self.chunk_bytes)
+                encoded = encode(job.key, job.entry, self.auth, chunk_bytes=self.chunk_bytes)
             admitted, victims = self._reserve(job, name, encoded.stored_bytes)
             if admitted:
-                ops.append(redis_io.WriteOp(name, encoded, job.ttl_s, new_generation()))
+                gen = new_generation()
+                ops.append(redis_io.WriteOp(name, job.key.tenant, encoded, job.ttl_s, gen))
                 owners.append(job)
             # Victims go after the put that evicted them, as the ledger saw them.
-            ops.extend(redis_io.WriteOp(v) for v in victims)
+            ops.extend(redis_io.WriteOp(v, job.key.tenant) for v in victims)
             owners.extend([None] * len(victims))
         written = redis_io.write(client, ops)
         stale: list[str] = []
         puts = deletes = stored = 0
         for op, job, error, old in zip(ops, owners, written.errors, written.replaced, strict=True):
-            stale += redis_io.chunks_of(op.name, old, op.generation)
+            stale += redis_io.chunks_of(op, old, self.auth, op.generation)
             if error is not None:
                 self._counters.add(errors=1, dropped_writes=int(op.encoded is not None))
                 self._warn_once(error)
+                if op.encoded is not None:  # refused (OOM, NOPERM): take back what it wrote
+                    stale += self._undo_put(client, op, job)
             elif op.encoded is not None:
                 puts, stored = puts + 1, stored + op.encoded.nbytes
             elif job is not None:
@@ -352,6 +373,21 @@ class RedisTier(Tier):
             puts=puts, deletes=deletes, bytes_in=stored, evictions=owners.count(None)
         )
         redis_io.unlink(client, stale)
+
+    def _undo_put(self, client: RedisClient, op: redis_io.WriteOp, job: _Job | None) -> list[str]:
+        """A put the server refused part of: drop its manifest if it is still ours (so no
+        entry names a missing chunk), release its quota bytes, and return its chunk keys
+        for the caller to unlink (so a refused put leaves no orphan chunk)."""
+        assert op.encoded is not None
+        chunks = chunk_names(op.name, op.generation, len(op.encoded.chunks))
+        mine = pack_manifest(op.generation, op.encoded.header)
+        try:
+            self._drop_script(client)(keys=[op.name], args=[mine])
+        except RedisError as exc:  # OOM refuses no deletes; any other refusal: chunks' TTL
+            self._warn_once(exc)
+        if job is not None:
+            self._release(job.key, op.name)
+        return chunks
 
     def _reserve(self, job: _Job, name: str, size: int) -> tuple[bool, list[str]]:
         """Account ``size`` bytes (header + payload) in the tenant's shared ledger."""
@@ -376,6 +412,11 @@ class RedisTier(Tier):
                 assert self._url is not None
                 self._client = connect(self._url, **self._redis_kwargs)
             return self._client
+
+    def _probe(self) -> None:
+        """The breaker's probe, on its background thread: raises unless Redis answers."""
+        if not self._get_client().ping():
+            raise RedisConnectionError("PING got no PONG")
 
     def _drop_script(self, client: RedisClient) -> Any:
         if self._drop_lua is None:

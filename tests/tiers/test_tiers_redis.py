@@ -226,9 +226,9 @@ def test_configuration_errors_raise(redis_url, monkeypatch):
 
 def _stored_size(entry: Entry) -> int:
     """Bytes the ledger accounts for ``entry`` under a 'alice' key (header + payload)."""
-    from hybridcache.tiers import encode
+    from hybridcache.tiers import EntryAuth, encode
 
-    return encode(key("alice", 0), entry, chunk_bytes=4 << 20).stored_bytes
+    return encode(key("alice", 0), entry, EntryAuth(SECRET), chunk_bytes=4 << 20).stored_bytes
 
 
 def test_put_after_close_is_dropped_not_raised(redis_url, make_tier):
