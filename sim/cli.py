@@ -83,7 +83,7 @@ def _sweep_and_report(trace: Trace, args: argparse.Namespace, hash_unit: int | N
     if args.policy.strip() == "all":
         for name in list(policies):
             reason = not_applicable(name, spec)
-            if reason is None and name == "vllm-native":
+            if reason is None and name.startswith("vllm-native"):
                 reason = unavailable_reason(trace)
             if reason:
                 policies.remove(name)

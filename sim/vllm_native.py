@@ -136,8 +136,17 @@ def replay_native(
     block: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Replay a token trace through vLLM's ``KVCacheManager`` (see module docstring)."""
+    """Replay a token trace through vLLM's ``KVCacheManager`` (see module docstring).
+
+    ``block`` below vLLM's inflated block is a hash unit inside it: vLLM's strongest
+    setting, replayed through its real ``Scheduler``
+    (:func:`hybridcache.sim.vllm_native_best.replay_native_best`).
+    """
     check_available(trace)
+    if block is not None and block < vllm_align_block(spec):
+        from hybridcache.sim.vllm_native_best import replay_native_best
+
+        return replay_native_best(trace, spec, capacity, block, progress)
     t0 = time.perf_counter()
     v = _vllm()
     block = block or vllm_align_block(spec)
