@@ -92,6 +92,7 @@ class HybridCacheScheduler(Scheduler):
             hf_config=getattr(self.vllm_config.model_config, "hf_config", None),
             enable_caching=bool(self.cache_config.enable_prefix_caching),
             log_stats=self.log_stats,
+            prefix_match_unit=self.prefix_match_unit(),
         )
         if self.connector is not None:
             # vLLM bound its own manager before we replaced it.
@@ -114,6 +115,12 @@ class HybridCacheScheduler(Scheduler):
             config.admission,
             config.eviction,
         )
+
+    def prefix_match_unit(self) -> int | None:
+        """Our hash unit inside vLLM's block: ``--prefix-match-unit`` (vLLM's hash block),
+        or ``None`` (hits on block boundaries only)."""
+        unit = self.hash_block_size
+        return unit if self.has_mamba_layers and unit < self.block_size else None
 
     def _check_supported(self) -> None:
         """Refuse configurations whose block handling the adapter does not implement."""
@@ -138,10 +145,11 @@ class HybridCacheScheduler(Scheduler):
             )
         if self.is_encoder_decoder:
             reasons.append("encoder-decoder models")
-        if self.hash_block_size != self.block_size:
+        if self.hash_block_size != self.block_size and not self.has_mamba_layers:
             reasons.append(
-                f"--prefix-match-unit / hash block {self.hash_block_size} != block "
-                f"{self.block_size} (one hash unit must be one vLLM block)"
+                f"--prefix-match-unit {self.hash_block_size} below the block "
+                f"{self.block_size} without state layers (sub-block hits are made for "
+                "hybrid models' inflated blocks)"
             )
         if reasons:
             raise ValueError("HybridCacheScheduler does not support: " + "; ".join(reasons))

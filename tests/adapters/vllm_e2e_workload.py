@@ -47,7 +47,7 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: str,
-        kv_transfer: dict | None = None) -> dict:
+        kv_transfer: dict | None = None, engine: dict | None = None) -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -69,6 +69,7 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         kw["additional_config"] = additional
     if kv_transfer:
         kw["kv_transfer_config"] = kv_transfer
+    kw.update(engine or {})
     llm = LLM(**kw)
     startup = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
@@ -131,11 +132,13 @@ def _connector_stats(sched) -> dict | None:
     return dict(scheduler=sched.connector.scheduler_stats(), worker=worker.worker_stats())
 
 
-def serve(model: Path, out: Path, *extra: str) -> dict:
-    """Run the workload on ``model`` in a fresh process (``extra``: this script's options)
-    and return its output JSON (also written to ``out``)."""
+def serve(model: Path, out: Path, *extra: str, env_extra: dict | None = None) -> dict:
+    """Run the workload on ``model`` in a fresh process (``extra``: this script's options,
+    ``env_extra``: environment, e.g. ``HYBRIDCACHE_VLLM_COPY_FIX=0``) and return its output
+    JSON (also written to ``out``)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
+               **(env_extra or {}))
     cmd = [sys.executable, str(Path(__file__).resolve()), str(model), str(out), *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
@@ -170,6 +173,23 @@ def check_same_greedy(native: dict, ours: dict) -> list[str]:
     return notes
 
 
+def engine_options(a: argparse.Namespace) -> dict:
+    """``LLM`` keyword arguments of the command-line switches for vLLM's own cache settings."""
+    kw: dict = {}
+    if a.prefix_match_unit is not None:
+        kw["prefix_match_unit"] = a.prefix_match_unit
+    if a.retention_interval is not None:
+        r = a.retention_interval
+        kw["prefix_cache_retention_interval"] = None if r.lower() == "none" else int(r)
+    if a.no_prefix_caching:
+        kw["enable_prefix_caching"] = False
+    return kw
+
+
+#: vLLM at its strongest documented setting (hash unit 16 inside its block, every state kept).
+STRONGEST = ("--prefix-match-unit", "16", "--retention-interval", "none")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -178,10 +198,16 @@ def main() -> None:
     ap.add_argument("--additional-config", default=None)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-transfer-config", default=None)
+    ap.add_argument("--prefix-match-unit", type=int, default=None,
+                    help="vLLM's hash unit inside its block (its strongest setting: 16)")
+    ap.add_argument("--retention-interval", default=None,
+                    help="vLLM's prefix_cache_retention_interval: 'none' or an integer")
+    ap.add_argument("--no-prefix-caching", action="store_true",
+                    help="caching off: the reference outputs")
     a = ap.parse_args()
     extra = json.loads(a.additional_config) if a.additional_config else None
     ktc = json.loads(a.kv_transfer_config) if a.kv_transfer_config else None
-    res = run(a.model, a.scheduler_cls, extra, a.dtype, ktc)
+    res = run(a.model, a.scheduler_cls, extra, a.dtype, ktc, engine_options(a))
     with open(a.out, "w") as f:
         json.dump(res, f)
 
