@@ -33,6 +33,9 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request
+
 from hybridcache.hashing import MultiModalItem, TokenHasher
 from hybridcache.manager import HybridCacheManager
 
@@ -93,6 +96,7 @@ class TailCache:
     hashers: dict[str, TokenHasher] = field(default_factory=dict)
     saves: dict[str, set[int]] = field(default_factory=dict)
     rolling: dict[str, Tail] = field(default_factory=dict)
+    planned: dict[bytes, str] = field(default_factory=dict)  # branch point digest -> maker
     pending: list[_Pending] = field(default_factory=list)
     made: int = 0
     restored: int = 0
@@ -115,6 +119,7 @@ class TailCache:
         self.hashers.pop(rid, None)
         self.saves.pop(rid, None)
         self.rolling.pop(rid, None)
+        self._unplan(rid)
         for p in [p for p in self.pending if p.rid == rid and not p.emitted]:
             self.pending.remove(p)
             if p.tail is not None:
@@ -144,8 +149,14 @@ class TailCache:
         return FineHit(best, hit, kv_units * self.unit)
 
     def pending_deeper(self, rid: str, num_tokens: int, hit: int) -> bool:
-        """Whether a tail this step is making lies deeper on ``rid``'s path than ``hit``."""
+        """Whether a tail being made lies deeper on ``rid``'s path than ``hit``.
+
+        Being made: its copies run in this step, or another running request will end a
+        chunk at that branch point. Like vLLM's own same-step rule, the request then waits
+        (a step, or until the branch point is computed) rather than recomputing it.
+        """
         made = {p.tail.units[-1] for p in self.pending if p.tail is not None}
+        made.update(d for d, maker in self.planned.items() if maker != rid)
         if not made:
             return False
         digests = self.hashers[rid].digests
@@ -157,10 +168,18 @@ class TailCache:
         """Save points of a request at its first allocation: prompt end and branch point."""
         points = set()
         tail_end = (prompt_len - 1) // self.unit * self.unit
-        for b in (tail_end, hit.kv_tokens if hit.kv_tokens < tail_end else 0):
+        branch = hit.kv_tokens if hit.kv_tokens < tail_end else 0
+        self._unplan(rid)
+        for b in (tail_end, branch):
             if b > hit.hit_tokens and b % self.block:
                 points.add(b)
+                if b == branch:
+                    self.planned.setdefault(self.hashers[rid].digests[b // self.unit - 1], rid)
         self.saves[rid] = points
+
+    def _unplan(self, rid: str) -> None:
+        for d in [d for d, maker in self.planned.items() if maker == rid]:
+            del self.planned[d]
 
     def next_save(self, rid: str, start: int, end: int) -> int | None:
         inside = [b for b in self.saves.get(rid, ()) if start < b < end]
@@ -183,7 +202,12 @@ class TailCache:
                     if old is not None and id(old) not in self._busy():
                         self._drop(old)
                     self.rolling[rid] = tail
-        self.saves.get(rid, set()).discard(n)
+        saves = self.saves.get(rid, set())
+        for b in [b for b in saves if b <= n]:  # made, or passed: nobody waits on it
+            saves.discard(b)
+            digest = self.hashers[rid].digests[b // self.unit - 1]
+            if self.planned.get(digest) == rid:
+                del self.planned[digest]
 
     def _make(self, rid: str, n: int, kv_blocks: Sequence[int],
               state_blocks: Sequence[int]) -> Tail | None:
@@ -282,3 +306,43 @@ class TailCache:
     def stats(self) -> dict[str, int]:
         return {"tails": len(self.lru), "tails_made": self.made, "tail_hits": self.restored,
                 "tails_evicted": self.evicted, "tail_blocks": self.blocks_held()}
+
+
+class SubBlockHits:
+    """Mixin of :class:`~.manager.HybridKVCacheManager`: its lookups of sub-block tails."""
+
+    tails: TailCache | None
+    _fine: dict[str, FineHit]
+    _wait: set[str]
+    attn_ids: list[int]
+    mamba_ids: list[int]
+    num_groups: int
+    block_size: int
+
+
+
+    def _fine_lookup(self, request: Request, hit: int) -> FineHit | None:
+        """The sub-block tail extending ``hit`` (and the request's tail save points)."""
+        if self.tails is None:
+            return None
+        rid = request.request_id
+        fine = self.tails.lookup(rid, request.num_tokens, hit)
+        if self.tails.pending_deeper(rid, request.num_tokens, fine.hit_tokens):
+            self._wait.add(rid)
+        self.tails.plan(rid, request.num_prompt_tokens, fine)
+        self._fine[rid] = fine
+        return fine
+
+    def _tail_blocks(self, rid: str, hit: int, fine: FineHit) -> KVCacheBlocks:
+        """The block-level hit's blocks plus the tail's column (its cached copies: only
+        their count matters to the scheduler, the request computes in private blocks)."""
+        assert fine.tail is not None
+        base = self._hit_blocks(rid, hit).get_block_ids() if hit else None
+        tables: list[list[int]] = [[] for _ in range(self.num_groups)]
+        for k, gid in enumerate(self.attn_ids):
+            tables[gid] = (list(base[gid]) if base else []) + [fine.tail.pages[k]]
+        units = fine.hit_tokens // self.block_size
+        for gid in self.mamba_ids:
+            tables[gid] = [0] * units + [self._state_blocks(fine.tail.slot, 0)]
+        return self._kv_blocks(tables)
+

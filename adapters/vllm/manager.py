@@ -50,7 +50,8 @@ from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
 from hybridcache.spec import FlopModel
 
-from .fine import FineHit, TailCache
+from .fine import FineHit, SubBlockHits, TailCache
+from .manager_queries import BlockQueries
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
 from .views import AdapterStats, BlockPoolView, CoordinatorView, GroupView
 
@@ -72,7 +73,7 @@ class _Tracked:
     fine_seen: int = 0  # computed tokens the sub-block tails were last told about
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(BlockQueries, SubBlockHits):
     """vLLM ``KVCacheManager`` interface implemented with :class:`HybridCacheManager`.
 
     Args:
@@ -288,31 +289,6 @@ class HybridKVCacheManager:
             return self.empty_kv_cache_blocks, 0, 0
         return self._hit_blocks(rid, hit), hit, 0
 
-    def _fine_lookup(self, request: Request, hit: int) -> FineHit | None:
-        """The sub-block tail extending ``hit`` (and the request's tail save points)."""
-        if self.tails is None:
-            return None
-        rid = request.request_id
-        fine = self.tails.lookup(rid, request.num_tokens, hit)
-        if self.tails.pending_deeper(rid, request.num_tokens, fine.hit_tokens):
-            self._wait.add(rid)
-        self.tails.plan(rid, request.num_prompt_tokens, fine)
-        self._fine[rid] = fine
-        return fine
-
-    def _tail_blocks(self, rid: str, hit: int, fine: FineHit) -> KVCacheBlocks:
-        """The block-level hit's blocks plus the tail's column (its cached copies: only
-        their count matters to the scheduler, the request computes in private blocks)."""
-        assert fine.tail is not None
-        base = self._hit_blocks(rid, hit).get_block_ids() if hit else None
-        tables: list[list[int]] = [[] for _ in range(self.num_groups)]
-        for k, gid in enumerate(self.attn_ids):
-            tables[gid] = (list(base[gid]) if base else []) + [fine.tail.pages[k]]
-        units = fine.hit_tokens // self.block_size
-        for gid in self.mamba_ids:
-            tables[gid] = [0] * units + [self._state_blocks(fine.tail.slot, 0)]
-        return self._kv_blocks(tables)
-
     def _pending_deeper(self, rid: str, hit: int) -> bool:
         """Whether a request in this step is writing a snapshot deeper on this prompt's path.
 
@@ -491,30 +467,6 @@ class HybridKVCacheManager:
         tr.sent = [len(t) for t in tr.tables]
         return self._kv_blocks(new)
 
-    def _fits(self, request: Request, hit: int) -> bool:
-        """Whether the whole sequence could be held next to what live requests hold.
-
-        Cached entries nobody holds are evictable, so only live requests' pages and slots
-        count against the pool; the new request needs pages for its unmatched units and a
-        running slot plus one save slot.
-        """
-        units = -(-min(request.num_tokens, self.manager.spec.max_model_len) // self.block_size)
-        need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
-        return self._held_blocks() + need <= self.num_blocks - 1
-
-    def _held_blocks(self) -> int:
-        ids: set[int] = set()
-        slots = dups = 0
-        for tr in self._tracked.values():
-            for gid in self.attn_ids:
-                ids.update(tr.tables[gid])
-            mreq = self.manager.requests[tr.request.request_id]
-            slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
-            # A unit this request recomputed although another request had registered it
-            # meanwhile: the request keeps its page and holds the cached one too.
-            dups += len(mreq.dup_pages) * len(self.attn_ids)
-        return len(ids) + dups + slots * self.slot_blocks
-
     def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
         b = self.block_size
         hit_units = alloc.start // b
@@ -653,51 +605,3 @@ class HybridKVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         raise NotImplementedError("hybridcache cannot evict single vLLM blocks (connector path)")
-
-    # ------------------------------------------------------------------ queries
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        tr = self._tracked.get(request_id)
-        return self.empty_kv_cache_blocks if tr is None else self._kv_blocks(tr.tables)
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return self.get_blocks(request_id).get_block_ids()
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        ids = self.get_block_ids(request_id)
-        n = -(-num_computed_tokens // self.block_size)
-        return tuple(t[:n] if g in self.attn_ids else t for g, t in enumerate(ids))
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0] * self.num_groups
-
-    def estimate_cached_tokens(self, request: Request) -> int:
-        mreq = self.manager.requests.get(request.request_id)
-        if mreq is None:
-            return 0
-        return min(mreq.units * self.block_size, request.num_prompt_tokens)
-
-    def num_free_blocks(self) -> int:
-        arena = self.manager.arena
-        used = arena.pages_in_use + arena.slots_in_use * max(self.slot_blocks, 1)
-        return max(self.num_blocks - used, 0)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of vLLM blocks holding a page or a slot (cached entries included)."""
-        return 1.0 - self.num_free_blocks() / self.num_blocks
-
-    def stats(self) -> dict[str, object]:
-        """The engine's metrics plus the adapter's counters, JSON-friendly."""
-        out = dict(self.manager.stats())
-        out.update(dataclasses.asdict(self.stats_counters))
-        if self.tails is not None:
-            out.update(self.tails.stats())
-        out["block_size"] = self.block_size
-        out["num_blocks"] = self.num_blocks
-        return out
-
-    @property
-    def num_tracked(self) -> int:
-        return len(self._tracked)
