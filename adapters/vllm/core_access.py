@@ -4,9 +4,9 @@ The core manager (:class:`hybridcache.manager.HybridCacheManager`) does not yet 
 public methods for what the sub-block tails (:mod:`.fine`) need: taking arena pages and
 state slots outside a request (a tail's copies live in vLLM blocks the manager must not
 hand out) and giving them back. Until the engine-port interface provides them, these
-functions use today's ``manager.index`` (its evicting allocator: taking a block under
-pressure evicts the manager's own victim, as its allocations do) and ``manager.arena``
-(giving one back); switching to the public API changes this module
+functions use today's ``manager.arena``: tails live in free memory only (taking a block
+never evicts the manager's entries, and the adapter evicts tails before the manager's
+allocations would evict its own entries, see :func:`free_blocks`); switching to the public API changes this module
 only.
 """
 
@@ -16,9 +16,8 @@ from hybridcache.manager import HybridCacheManager
 
 
 def take_page(manager: HybridCacheManager) -> int | None:
-    """An arena page (= one vLLM block), evicting a cached entry if needed; ``None`` if
-    everything is pinned."""
-    return manager.index.alloc_page()
+    """A free arena page (= one vLLM block), or ``None`` (nothing is evicted for it)."""
+    return manager.arena.alloc_page()
 
 
 def give_back_page(manager: HybridCacheManager, page: int) -> None:
@@ -26,9 +25,18 @@ def give_back_page(manager: HybridCacheManager, page: int) -> None:
 
 
 def take_slot(manager: HybridCacheManager) -> int | None:
-    """A state slot (= one vLLM block per Mamba group), evicting if needed, or ``None``."""
-    return manager.index.alloc_slot()
+    """A free state slot (= one vLLM block per Mamba group), or ``None``."""
+    return manager.arena.alloc_slot()
 
 
 def give_back_slot(manager: HybridCacheManager, slot: int) -> None:
     manager.arena.free_slot(slot)
+
+
+def free_blocks(manager: HybridCacheManager) -> int:
+    """Arena blocks (each ``pages_per_block`` pages or one slot) nobody uses."""
+    return manager.arena.free_block_count
+
+
+def pages_per_block(manager: HybridCacheManager) -> int:
+    return max(manager.layout.pages_per_block, 1)

@@ -9,8 +9,8 @@ entries sit on block boundaries. A prompt shorter than one block would never hit
   addresses KV by position, so the tokens of one column live in one block);
 - its state: a copy of the running state block at ``t``.
 
-Both are copies into blocks taken from the manager's arena (so the manager never hands them
-out; under pressure taking one evicts the manager's own victim), made through vLLM's
+Both are copies into free blocks of the manager's arena (so the manager never hands them
+out), made through vLLM's
 block-copy channel (``SchedulerOutput.kv_cache_block_copies``, applied by the worker before
 ``preprocess_mamba`` and the forward pass). A tail is never written: a request that hits it
 gets private blocks that receive copies of the tail's blocks (copy-on-extend), exactly as
@@ -20,8 +20,10 @@ Where tails are made (the scheduler ends a prefill chunk there, and the copies r
 next step, before the request computes past ``t``): the prompt's last unit boundary, a
 branch point (the deepest unit whose KV another tail holds, when no state is cached there),
 and, while decoding, every unit boundary (only the newest of a request is kept: the turn
-end the next turn resumes from). Tails are evicted least recently used, when the manager
-needs space or tails hold more than their share of the pool.
+end the next turn resumes from). Tails live in memory nothing else wants: making one never
+evicts the manager's entries, and before each of the manager's allocations tails are
+evicted (least recently used) until the blocks it may need are free; they also hold at
+most half of the pool.
 
 Only the block column of the manager's own hit is extended (its snapshot and pages cover
 everything before), so a tail never depends on an entry the manager may evict.
@@ -97,6 +99,7 @@ class TailCache:
     saves: dict[str, set[int]] = field(default_factory=dict)
     rolling: dict[str, Tail] = field(default_factory=dict)
     planned: dict[bytes, str] = field(default_factory=dict)  # branch point digest -> maker
+    offered: dict[str, Tail] = field(default_factory=dict)  # hits told to vLLM, this step
     pending: list[_Pending] = field(default_factory=list)
     made: int = 0
     restored: int = 0
@@ -119,6 +122,7 @@ class TailCache:
         self.hashers.pop(rid, None)
         self.saves.pop(rid, None)
         self.rolling.pop(rid, None)
+        self.offered.pop(rid, None)
         self._unplan(rid)
         for p in [p for p in self.pending if p.rid == rid and not p.emitted]:
             self.pending.remove(p)
@@ -146,6 +150,8 @@ class TailCache:
             if tail is not None and tail.ready and (u + 1) * self.unit % self.block:
                 best = tail
         hit = best.boundary if best is not None else base
+        if best is not None:  # vLLM adopts it now and allocates next: keep it until then
+            self.offered[rid] = best
         return FineHit(best, hit, kv_units * self.unit)
 
     def pending_deeper(self, rid: str, num_tokens: int, hit: int) -> bool:
@@ -243,6 +249,7 @@ class TailCache:
         copies = list(zip(tail.pages, kv_blocks))
         copies += list(zip(self.state_blocks(tail.slot), state_blocks))
         self.pending.append(_Pending(rid, copies, source=tail))
+        self.offered.pop(rid, None)
         self.lru.move_to_end(tail)
         self.restored += 1
 
@@ -266,10 +273,18 @@ class TailCache:
             if p.emitted and p.tail is not None:
                 p.tail.ready = True
         self.pending = [p for p in self.pending if not p.emitted]
+        self.offered = {}  # a request still waiting looks its tail up again
 
     def _busy(self) -> set[int]:
         """Tails this step's copies write or read (their blocks must stay theirs)."""
-        return {id(t) for p in self.pending for t in (p.tail, p.source) if t is not None}
+        busy = {id(t) for p in self.pending for t in (p.tail, p.source) if t is not None}
+        return busy | {id(t) for t in self.offered.values()}
+
+    def make_room(self, arena_blocks: int) -> None:
+        """Evict tails until ``arena_blocks`` are free: tails yield to the manager's own
+        allocations, so they only ever hold memory nothing else wants."""
+        while core_access.free_blocks(self.manager) < arena_blocks and self.evict_one():
+            pass
 
     def evict_one(self) -> bool:
         """Drop the least recently used tail no copy of this step reads; ``False`` if none."""

@@ -50,6 +50,7 @@ from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
 from hybridcache.spec import FlopModel
 
+from . import core_access
 from .fine import FineHit, SubBlockHits, TailCache
 from .manager_queries import BlockQueries
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
@@ -439,6 +440,8 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
 
     def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
         """The manager's allocation of ``num_tokens`` more tokens, or ``None`` if full."""
+        if self.tails is not None:
+            self.tails.make_room(self._arena_blocks_needed(num_tokens))
         while True:
             try:
                 return self.manager.allocate(rid, num_tokens)
@@ -448,6 +451,11 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
                     continue
                 self.stats_counters.allocation_failures += 1
                 return None
+
+    def _arena_blocks_needed(self, num_tokens: int) -> int:
+        """Arena blocks an allocation of ``num_tokens`` may take (pages and two slots)."""
+        pages = (-(-num_tokens // self.block_size) + 1) * len(self.attn_ids)
+        return -(-pages // core_access.pages_per_block(self.manager)) + 2
 
     def _track_first(self, request: Request, alloc: Allocation, num_hit: int) -> _Tracked:
         """Track a request after its first allocation, which must hit the adopted tokens."""

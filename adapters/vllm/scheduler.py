@@ -50,6 +50,11 @@ CONFIG_KEYS = (
     "min_seen",
     "tenant_quotas",
 )
+#: Keys of the same section read by the scheduler itself (not core settings).
+SCHEDULER_KEYS = ("prefix_match_unit",)
+#: Our hash unit inside vLLM's block when neither ``--prefix-match-unit`` nor
+#: ``{"hybridcache": {"prefix_match_unit": N}}`` sets one (0 there: block boundaries only).
+DEFAULT_PREFIX_MATCH_UNIT = 16
 
 
 def cache_config_from(additional_config: Any) -> CacheConfig:
@@ -61,12 +66,13 @@ def cache_config_from(additional_config: Any) -> CacheConfig:
     section = {}
     if isinstance(additional_config, dict):
         section = dict(additional_config.get("hybridcache") or {})
-    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    unknown = sorted(set(section) - set(CONFIG_KEYS) - set(SCHEDULER_KEYS))
     if unknown:
         raise ValueError(
-            f"hybridcache: unknown additional_config keys {unknown}; known: {', '.join(CONFIG_KEYS)}"
+            f"hybridcache: unknown additional_config keys {unknown}; known: "
+            f"{', '.join(CONFIG_KEYS + SCHEDULER_KEYS)}"
         )
-    return CacheConfig(**section)
+    return CacheConfig(**{k: v for k, v in section.items() if k in CONFIG_KEYS})
 
 
 def _is_hybridcache_connector(connector: Any) -> bool:
@@ -117,10 +123,26 @@ class HybridCacheScheduler(Scheduler):
         )
 
     def prefix_match_unit(self) -> int | None:
-        """Our hash unit inside vLLM's block: ``--prefix-match-unit`` (vLLM's hash block),
-        or ``None`` (hits on block boundaries only)."""
-        unit = self.hash_block_size
-        return unit if self.has_mamba_layers and unit < self.block_size else None
+        """Our hash unit inside vLLM's block, or ``None`` (hits on block boundaries only).
+
+        ``--prefix-match-unit`` if given, else ``{"hybridcache": {"prefix_match_unit": N}}``
+        (0: off), else :data:`DEFAULT_PREFIX_MATCH_UNIT`. Only hybrid models' inflated
+        blocks get sub-block tails, and not with a KV connector (tails stay on the device).
+
+        Raises:
+            ValueError: a unit that does not divide the block.
+        """
+        unit = self.cache_config.prefix_match_unit
+        if unit is None:
+            extra = self.vllm_config.additional_config
+            section = (extra.get("hybridcache") or {}) if isinstance(extra, dict) else {}
+            unit = int(section.get("prefix_match_unit", DEFAULT_PREFIX_MATCH_UNIT))
+        if not unit or not self.has_mamba_layers or unit >= self.block_size:
+            return None
+        if self.block_size % unit:
+            raise ValueError(f"hybridcache: prefix_match_unit {unit} does not divide the "
+                             f"block size {self.block_size}")
+        return None if self.connector is not None else unit
 
     def _check_supported(self) -> None:
         """Refuse configurations whose block handling the adapter does not implement."""

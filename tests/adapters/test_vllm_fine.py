@@ -65,11 +65,20 @@ def test_sub_block_hits_at_least_vllm_strongest_per_request(model_dir):
     assert any(hit % h.BLOCK for hit in res_o.hits.values())
 
 
-def test_block_aligned_scheduler_is_unchanged_without_the_flag(model_dir):
-    ours = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=400)
+def test_sub_block_tails_are_on_by_default_and_can_be_turned_off(model_dir):
+    on = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=400)
+    assert on.kv_cache_manager.tails is not None and on.kv_cache_manager.tails.unit == 16
+    ours = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=400,
+                            additional_config={"hybridcache": {"prefix_match_unit": 0}})
     assert ours.kv_cache_manager.tails is None
     res = h.drive(ours, short_sessions())
     assert all(hit % h.BLOCK == 0 for hit in res.hits.values())
+
+
+def test_a_unit_that_does_not_divide_the_block_is_refused(model_dir):
+    with pytest.raises(ValueError, match="does not divide"):
+        h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=400,
+                         additional_config={"hybridcache": {"prefix_match_unit": 24}})
 
 
 def test_skipping_the_partial_page_copy_fails(model_dir, monkeypatch):

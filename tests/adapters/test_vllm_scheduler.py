@@ -57,8 +57,8 @@ def test_sessions_and_branches_hit_more_than_native(model_dir):
     # Turn-end snapshots let the next turn resume past the previous answer: vLLM's
     # align mode keeps only the prompt's last boundary (measured: 3648 vs 3968).
     assert ours > native, (native, ours)
-    for rid, hit in res_o.hits.items():
-        assert hit % h.BLOCK == 0 and hit < res_o.prompt_lens[rid]
+    for rid, hit in res_o.hits.items():  # on 16-token units (the default inside a block)
+        assert hit % 16 == 0 and hit < res_o.prompt_lens[rid]
     # A session's later turns always resume at least where vLLM resumes them.
     for rid in res_n.hits:
         if rid.startswith("s") and not rid.endswith("/0"):
