@@ -11,7 +11,10 @@ Everything vLLM's ``Scheduler`` does is kept (batching, chunked prefill, preempt
 outputs, metrics); only ``self.kv_cache_manager`` is replaced by
 :class:`~.manager.HybridKVCacheManager` and the ``align``-mode chunk split is changed: a
 prefill chunk never runs past a block boundary, so every block boundary's state is left in
-a block the manager can keep as a snapshot (vLLM's own split keeps only some of them).
+a block the manager can keep as a snapshot (vLLM's own split keeps only some of them), and
+it ends at every save point of the sub-block tails (:mod:`.fine`: hits and states on
+16-token boundaries inside vLLM's inflated block, ``--prefix-match-unit`` to change the
+unit), whose copies go to the worker through ``kv_cache_block_copies``.
 
 With ``--kv-transfer-config`` naming :class:`~.connector.HybridCacheConnector`, the manager
 is :class:`~.manager_external.ConnectorKVCacheManager`: it accepts the connector's
