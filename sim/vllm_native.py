@@ -202,7 +202,10 @@ def _one(v: dict[str, Any], mgr: Any, hasher: Any, tally: Tally, rid: str, r: An
         end = _chunk_end(start, n, junction, block, unit)
         out = mgr.allocate_slots(req, end - start, hit if first else 0, blocks if first else None)
         if unit is not None:
-            mgr.take_kv_cache_block_copies()  # the scheduler hands them to the worker
+            # The scheduler hands the copies to the worker and, once they have run, gives
+            # the blocks the copies read back to the pool (``_free_cow_retained_blocks``).
+            _, retained = mgr.take_kv_cache_block_copies()
+            mgr.block_pool.free_blocks(retained)
         if out is None:  # does not fit even after evicting everything evictable
             if not first:
                 mgr.free(req)
