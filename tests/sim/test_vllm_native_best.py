@@ -42,3 +42,23 @@ def test_native_best_respects_tenants(kimi):
     t = token_trace(p, p, p, out=4, tenants=["a", "b", "a"])
     best = run_one(t, build_policy("vllm-native-best", kimi, 16), 8 << 30)
     assert best.per_tenant["b"] == 0 and best.hit_tokens == 592
+
+
+@pytest.mark.vllm
+def test_manager_level_driver_at_unit_16_gives_every_block_back(kimi):
+    """bench_manager's vLLM driver at prefix_match_unit 16: partial hits copy on write,
+    and the blocks those copies retain go back to the pool (as vLLM's scheduler does)."""
+    if unavailable_reason() is not None:
+        pytest.skip(unavailable_reason())
+    from hybridcache.sim import vllm_native as vn
+    from hybridcache.sim.replay import Tally
+
+    v = vn._vllm()
+    mgr, hasher, block = vn.fine_manager(v, kimi, 8 << 30, 16)
+    short, long = toks(1000, 1), toks(5000, 2)
+    t = token_trace(short, short, long, long, out=8)
+    tally = Tally(kimi)
+    for i, r in enumerate(t.requests):
+        vn._one(v, mgr, hasher, tally, str(i), r, block, 16)
+    assert tally.hit.get("", 0) == 992 + 4992
+    assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1
