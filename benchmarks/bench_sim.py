@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
           "(once per sweep, not in the cells)")
     spec = get_preset(args.model)
     unit = default_unit(trace)
-    names = [x for x in parse_policies(args.policy) if x != "vllm-native"]  # token traces only
+    names = [x for x in parse_policies(args.policy) if not x.startswith("vllm-native")]  # token traces only
     setups = {x: build_policy(x, spec, unit, outputs_known=trace.block_tokens == 0) for x in names}
     caps = parse_sizes(args.capacity)
     best: dict[tuple[str, int], tuple[float, float]] = {}

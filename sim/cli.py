@@ -57,7 +57,7 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
 def _epilog() -> str:
     paragraphs = [
-        f"policies: {', '.join(POLICIES)}. all = {', '.join(ALL)}; all-native adds vllm-native "
+        f"policies: {', '.join(POLICIES)}. all = {', '.join(ALL)}; all-native adds vllm-native and vllm-native-best "
         f"(vLLM's own KVCacheManager, which needs the vllm extra: {VLLM_HINT.split(': ', 1)[1]})",
         f"model presets: {', '.join(preset_names())}; or a Hugging Face config.json (or the "
         "folder holding it)",

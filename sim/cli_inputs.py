@@ -14,11 +14,12 @@ from pathlib import Path
 
 from hybridcache.errors import HybridCacheError, UnknownNameError
 from hybridcache.presets import get_preset, preset_names, register_preset
-from hybridcache.sim.policies import POLICIES, not_applicable, parse_policies
+from hybridcache.sim.policies import NATIVE_POLICIES, POLICIES, not_applicable, parse_policies
 from hybridcache.spec import ModelSpec
 
-#: ``all`` leaves out vllm-native: it needs the vllm extra and starts vLLM (seconds per run).
-ALL = tuple(p for p in POLICIES if p != "vllm-native")
+#: ``all`` leaves out the vLLM-native policies: they need the vllm extra and start vLLM
+#: (seconds per run).
+ALL = tuple(p for p in POLICIES if p not in NATIVE_POLICIES)
 VLLM_HINT = "install the vllm extra: pip install 'hybridcache-llm[vllm]'"
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 _DECIMAL = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT][bB])\s*$")
@@ -55,20 +56,21 @@ def resolve_model(text: str) -> tuple[str, ModelSpec]:
 def select_policies(text: str, spec: ModelSpec, token_trace: bool) -> tuple[list[str], list[str]]:
     """The policies to replay and the notes to print about the ones left out.
 
-    ``all`` is every policy but vllm-native; ``all-native`` adds it. Either drops the
-    policies that cannot model ``spec`` (with a note). A vllm-native asked for by name must
-    be able to run: otherwise it is an error saying why and how to enable it.
+    ``all`` is every policy but the vLLM-native ones (vLLM's own manager at its default and
+    at its strongest setting); ``all-native`` adds them. Either drops the policies that
+    cannot model ``spec`` (with a note). A native policy asked for by name must be able to
+    run: otherwise it is an error saying why and how to enable it.
     """
     word = text.strip()
     notes: list[str] = []
     if word in ("all", "all-native"):
-        names = list(ALL) + (["vllm-native"] if word == "all-native" else [])
+        names = list(ALL) + (list(NATIVE_POLICIES) if word == "all-native" else [])
         if word == "all":
-            notes.append("vllm-native (vLLM's own KVCacheManager) is not in 'all': ask for it "
-                         "with --policy all-native or by name")
+            notes.append("vllm-native and vllm-native-best (vLLM's own manager) are not in "
+                         "'all': ask for them with --policy all-native or by name")
         for name in list(names):
             reason = not_applicable(name, spec) or (
-                _native_reason(token_trace) if name == "vllm-native" else None)
+                _native_reason(token_trace) if name in NATIVE_POLICIES else None)
             if reason:
                 names.remove(name)
                 notes.append(f"skipping {reason}")
@@ -77,16 +79,17 @@ def select_policies(text: str, spec: ModelSpec, token_trace: bool) -> tuple[list
         names = parse_policies(word)
     except UnknownNameError as e:
         raise UnknownNameError(str(e) + ", all-native") from None
-    if "vllm-native" in names:
-        reason = not_applicable("vllm-native", spec) or _native_reason(token_trace)
-        if reason:
-            raise InputError(reason)
+    for name in names:
+        if name in NATIVE_POLICIES:
+            reason = not_applicable(name, spec) or _native_reason(token_trace)
+            if reason:
+                raise InputError(reason)
     return names, notes
 
 
 def _native_reason(token_trace: bool) -> str | None:
     if not token_trace:
-        return "vllm-native replays token traces only (this trace has block ids, not tokens)"
+        return "vLLM-native policies replay token traces only (this trace has block ids, not tokens)"
     from hybridcache.sim.vllm_native import unavailable_reason
 
     reason = unavailable_reason()

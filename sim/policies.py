@@ -34,7 +34,10 @@ from hybridcache.errors import UnknownNameError
 from hybridcache.manager import CacheConfig
 from hybridcache.spec import AttentionKind, ModelSpec
 
-POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native")
+POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native",
+            "vllm-native-best")
+#: Policies that replay through the real vLLM rather than our manager.
+NATIVE_POLICIES = ("vllm-native", "vllm-native-best")
 #: Marconi's alpha grid; the tuning replay picks the best on a window of the trace. Both
 #: utility terms are min-max normalised, so alpha is the weight of FLOP efficiency against
 #: recency and its order of magnitude is what matters: recency only, balanced, efficiency
@@ -86,8 +89,8 @@ def not_applicable(name: str, spec: ModelSpec) -> str | None:
     """Why policy ``name`` cannot model ``spec`` (``None`` when it can)."""
     if name == "kv-only" and not spec.attention_groups:
         return f"kv-only: {spec.name!r} has no attention layers"
-    if name == "vllm-native" and not (spec.attention_groups and spec.state_groups):
-        return f"vllm-native: models hybrid attention + state models only, not {spec.name!r}"
+    if name in NATIVE_POLICIES and not (spec.attention_groups and spec.state_groups):
+        return f"{name}: models hybrid attention + state models only, not {spec.name!r}"
     return None
 
 
@@ -174,4 +177,8 @@ def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
     if name == "vllm-native":
         block = vllm_align_block(spec)
         return PolicySetup(name, spec, CacheConfig(hash_unit=block, eviction="lru"), native=True)
+    if name == "vllm-native-best":
+        # The hash unit below the block is what selects vLLM's fine-grained mode in
+        # replay_native (vllm_native_best); a block that is one unit is the default.
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, eviction="lru"), native=True)
     raise UnknownNameError(f"unknown policy {name!r}; known: {', '.join(POLICIES)}")

@@ -104,7 +104,8 @@ def run_one(
 
         res = replay_native(trace, setup.spec, capacity, setup.config.hash_unit,
                             progress=bar.update if bar else None)
-        res.settings = {"hash_unit": setup.config.hash_unit, "engine": "vllm KVCacheManager"}
+        res.settings = res.settings or {"hash_unit": setup.config.hash_unit,
+                                        "engine": "vllm KVCacheManager"}
         return res
     settings = setup.describe()
     tune_s = 0.0

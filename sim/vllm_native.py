@@ -136,8 +136,17 @@ def replay_native(
     block: int | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> RunResult:
-    """Replay a token trace through vLLM's ``KVCacheManager`` (see module docstring)."""
+    """Replay a token trace through vLLM's ``KVCacheManager`` (see module docstring).
+
+    ``block`` below vLLM's inflated block is a hash unit inside it: vLLM's strongest
+    setting, replayed through its real ``Scheduler``
+    (:func:`hybridcache.sim.vllm_native_best.replay_native_best`).
+    """
     check_available(trace)
+    if block is not None and block < vllm_align_block(spec):
+        from hybridcache.sim.vllm_native_best import replay_native_best
+
+        return replay_native_best(trace, spec, capacity, block, progress)
     t0 = time.perf_counter()
     v = _vllm()
     block = block or vllm_align_block(spec)
@@ -161,7 +170,24 @@ def replay_native(
     return res
 
 
-def _one(v: dict[str, Any], mgr: Any, hasher: Any, tally: Tally, rid: str, r: Any, block: int) -> None:
+def fine_manager(v: dict[str, Any], spec: ModelSpec, capacity: int, unit: int) -> tuple[Any, Any, int]:
+    """vLLM's ``KVCacheManager`` hashing at ``unit`` inside the ``align`` block, retention
+    ``None`` (its strongest setting), and the request hasher; for manager-level timing
+    (``benchmarks/bench_manager.py``; hit rates come from the real scheduler in
+    :mod:`hybridcache.sim.vllm_native_best`)."""
+    block = vllm_align_block(spec)
+    kvc = build_kv_cache_config(v, spec, capacity, block)
+    kvc.prefix_cache_retention_interval = None
+    kvc.hash_block_size = unit
+    kvc.cache_hit_alignment_tokens = unit
+    v["init_none_hash"](v["sha256"])
+    mgr = v["KVCacheManager"](kvc, max_model_len=spec.max_model_len, scheduler_block_size=block,
+                              hash_block_size=unit, enable_caching=True)
+    return mgr, v["get_request_block_hasher"](unit, v["sha256"]), block
+
+
+def _one(v: dict[str, Any], mgr: Any, hasher: Any, tally: Tally, rid: str, r: Any, block: int,
+         unit: int | None = None) -> None:
     assert r.input_ids is not None
     prompt = r.input_ids.tolist()
     n_out = max(1, r.output_length)
@@ -173,8 +199,13 @@ def _one(v: dict[str, Any], mgr: Any, hasher: Any, tally: Tally, rid: str, r: An
     n = len(prompt)
     start, first = hit, True
     while start < n:
-        end = _chunk_end(start, n, junction, block)
+        end = _chunk_end(start, n, junction, block, unit)
         out = mgr.allocate_slots(req, end - start, hit if first else 0, blocks if first else None)
+        if unit is not None:
+            # The scheduler hands the copies to the worker and, once they have run, gives
+            # the blocks the copies read back to the pool (``_free_cow_retained_blocks``).
+            _, retained = mgr.take_kv_cache_block_copies()
+            mgr.block_pool.free_blocks(retained)
         if out is None:  # does not fit even after evicting everything evictable
             if not first:
                 mgr.free(req)
@@ -193,9 +224,17 @@ def _one(v: dict[str, Any], mgr: Any, hasher: Any, tally: Tally, rid: str, r: An
     mgr.free(req)
 
 
-def _chunk_end(start: int, n: int, junction: int, block: int) -> int:
-    """End of the next prefill chunk: vLLM's mandatory stops strictly inside [start, n)."""
+def _chunk_end(start: int, n: int, junction: int, block: int, unit: int | None = None) -> int:
+    """End of the next prefill chunk: vLLM's mandatory stops strictly inside [start, n).
+
+    With a hash ``unit`` inside the block (``mamba_partial_cache_hit``), also the prompt's
+    last unit boundary and, for a chunk starting mid-block, the next block boundary.
+    """
     last_cache = (n - 1) // block * block
     junction_stop = start + (junction - start) // block * block if junction > start else 0
-    stops = [s for s in (last_cache, junction_stop) if start < s < n]
-    return min(stops, default=n)
+    stops = [last_cache, junction_stop]
+    if unit is not None:
+        tail = (n - 1) // unit * unit
+        stops += [tail if tail > last_cache else 0,
+                  (start // block + 1) * block if start % block else 0]
+    return min((s for s in stops if start < s < n), default=n)

@@ -50,6 +50,9 @@ from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
 from hybridcache.spec import FlopModel
 
+from . import core_access
+from .fine import FineHit, SubBlockHits, TailCache
+from .manager_queries import BlockQueries
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
 from .views import AdapterStats, BlockPoolView, CoordinatorView, GroupView
 
@@ -68,9 +71,10 @@ class _Tracked:
     sent: list[int] = field(default_factory=list)  # block ids per group already returned
     pinned: list[tuple[int, Any]] = field(default_factory=list)  # (boundary, node) in use
     held: list[tuple[int, int]] = field(default_factory=list)  # (boundary, slot) kept alive
+    fine_seen: int = 0  # computed tokens the sub-block tails were last told about
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(BlockQueries, SubBlockHits):
     """vLLM ``KVCacheManager`` interface implemented with :class:`HybridCacheManager`.
 
     Args:
@@ -81,6 +85,8 @@ class HybridKVCacheManager:
         hf_config: the model's HF config, for the FLOP model of value-based eviction.
         enable_caching: vLLM's ``enable_prefix_caching``.
         log_stats: collect :class:`PrefixCacheStats` for vLLM's metrics.
+        prefix_match_unit: a hash unit below the block (vLLM's ``--prefix-match-unit``):
+            hits and states also land inside a block, through sub-block tails (:mod:`.fine`).
     """
 
     def __init__(
@@ -92,6 +98,7 @@ class HybridKVCacheManager:
         hf_config: Any = None,
         enable_caching: bool = True,
         log_stats: bool = False,
+        prefix_match_unit: int | None = None,
     ) -> None:
         self.kv_cache_config = kv_cache_config
         self.block_size = pool_block_size(kv_cache_config)
@@ -129,6 +136,12 @@ class HybridKVCacheManager:
         # requests told to wait one step for them (see get_computed_blocks).
         self._pending_snaps: set[bytes] = set()
         self._wait: set[str] = set()
+        self.tails: TailCache | None = None
+        if prefix_match_unit and prefix_match_unit < self.block_size and self.mamba_ids:
+            self.tails = TailCache(self.manager, prefix_match_unit, self.block_size,
+                                   lambda s: [self._state_blocks(s, j) for j in range(self.slot_blocks)],
+                                   max_blocks=self.num_blocks // 2)
+        self._fine: dict[str, FineHit] = {}  # a waiting request's sub-block hit
         # Attributes the scheduler reads from vLLM's manager at construction time.
         self.mamba_shared_prefix_checkpoint = False
         self.coordinator = CoordinatorView(
@@ -160,6 +173,8 @@ class HybridKVCacheManager:
             if mreq.allocated or mreq.num_tokens == len(tokens):
                 return
             self.manager.free(rid, finished=False)
+            if self.tails is not None:
+                self.tails.forget(rid)
         tenant = request.cache_salt
         if not self.enable_caching or request.skip_reading_prefix_cache:
             tenant = f"\x00private:{rid}"  # its own chain: it can neither hit nor be hit
@@ -169,6 +184,8 @@ class HybridKVCacheManager:
             for f in (request.mm_features or ())
         )
         self.manager.add_request(rid, tokens, tenant=tenant, lora=lora, mm_items=mm)
+        if self.tails is not None:
+            self.tails.add_request(rid, tokens, tenant, lora, mm)
 
     def _sync(self, tr: _Tracked) -> None:
         """Append tokens the manager has not seen and commit what the worker computed."""
@@ -176,8 +193,17 @@ class HybridKVCacheManager:
         rid = request.request_id
         mreq = self.manager.requests[rid]
         if request.num_tokens > mreq.num_tokens:
-            self.manager.append_tokens(rid, list(request.all_token_ids[mreq.num_tokens :]))
+            new = list(request.all_token_ids[mreq.num_tokens :])
+            self.manager.append_tokens(rid, new)
+            if self.tails is not None:
+                self.tails.append(rid, new)
         n = min(request.num_computed_tokens, mreq.num_allocated)
+        if self.tails is not None and n > tr.fine_seen:
+            tr.fine_seen = n
+            col = (n - 1) // self.block_size
+            self.tails.computed(rid, n, request.num_prompt_tokens,
+                                [tr.tables[g][col] for g in self.attn_ids],
+                                [tr.tables[g][col] for g in self.mamba_ids])
         self._unpin(tr, keep_from=n)
         if n > mreq.num_computed:
             self._hold_dropped_live_save(tr, mreq, n)
@@ -251,14 +277,18 @@ class HybridKVCacheManager:
         self._add(request)
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
-        hit = self.manager.match(request.request_id).hit_tokens
-        if self._pending_deeper(request.request_id, hit):
-            self._wait.add(request.request_id)
+        rid = request.request_id
+        hit = self.manager.match(rid).hit_tokens
+        if self._pending_deeper(rid, hit):
+            self._wait.add(rid)
+        fine = self._fine_lookup(request, hit)
         self.stats_counters.lookups += 1
-        self.stats_counters.lookup_hit_tokens += hit
+        self.stats_counters.lookup_hit_tokens += fine.hit_tokens if fine else hit
+        if fine is not None and fine.tail is not None:
+            return self._tail_blocks(rid, hit, fine), fine.hit_tokens, 0
         if hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        return self._hit_blocks(request.request_id, hit), hit, 0
+        return self._hit_blocks(rid, hit), hit, 0
 
     def _pending_deeper(self, rid: str, hit: int) -> bool:
         """Whether a request in this step is writing a snapshot deeper on this prompt's path.
@@ -294,9 +324,15 @@ class HybridKVCacheManager:
             view = SimpleNamespace(
                 prompt_len=mreq.num_tokens, kv_hit_tokens=m.kv_hit_tokens, hit_tokens=m.hit_tokens
             )
-        points = admission_points(self.manager.admission, view, start, end, self.block_size)
-        inside = [b for b, rolling in points if start < b < end and not rolling]
-        return min(inside) if inside else None
+        stop = end
+        if self.tails is not None:
+            stop = self.tails.next_save(rid, start, end) or end
+        while True:  # a shorter chunk may move a rule's point (chunk-end): to a fixpoint
+            points = admission_points(self.manager.admission, view, start, stop, self.block_size)
+            inside = [b for b, rolling in points if start < b < stop and not rolling]
+            if not inside:
+                return stop if stop < end else None
+            stop = min(inside)
 
     def _hit_blocks(self, rid: str, hit: int) -> KVCacheBlocks:
         mreq = self.manager.requests[rid]
@@ -370,16 +406,28 @@ class HybridKVCacheManager:
             self._sync(tr)
         if num_new_tokens == 0:
             return self.empty_kv_cache_blocks
-        if tr is None and full_sequence_must_fit and not self._fits(request, num_new_computed_tokens):
+        fine = self._fine.pop(rid, None) if tr is None else None
+        below = 0  # tokens of a sub-block hit past the manager's own hit
+        if fine is not None and fine.tail is not None and fine.hit_tokens == num_new_computed_tokens:
+            below = fine.hit_tokens % self.block_size
+        elif fine is not None:
+            fine = None
+        base_hit = num_new_computed_tokens - below
+        if tr is None and full_sequence_must_fit and not self._fits(request, base_hit):
             self.stats_counters.allocation_failures += 1
             return None
-        alloc = self._allocate(rid, num_new_tokens)
+        alloc = self._allocate(rid, num_new_tokens + below)
         if alloc is None:
             return None
         self.stats_counters.allocations += 1
         if tr is None:
-            tr = self._track_first(request, alloc, num_new_computed_tokens)
+            tr = self._track_first(request, alloc, base_hit)
+            tr.fine_seen = num_new_computed_tokens
         self._extend_tables(tr, alloc)
+        if fine is not None and fine.tail is not None and self.tails is not None:
+            col = fine.hit_tokens // self.block_size
+            self.tails.restore(rid, fine.tail, [tr.tables[g][col] for g in self.attn_ids],
+                               [tr.tables[g][col] for g in self.mamba_ids])
         return self._take_new_blocks(tr)
 
     def _deferred(self, rid: str) -> bool:
@@ -392,11 +440,22 @@ class HybridKVCacheManager:
 
     def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
         """The manager's allocation of ``num_tokens`` more tokens, or ``None`` if full."""
-        try:
-            return self.manager.allocate(rid, num_tokens)
-        except OutOfSpaceError:
-            self.stats_counters.allocation_failures += 1
-            return None
+        if self.tails is not None:
+            self.tails.make_room(self._arena_blocks_needed(num_tokens))
+        while True:
+            try:
+                return self.manager.allocate(rid, num_tokens)
+            except OutOfSpaceError:
+                # Sub-block tails are cached entries too: give their blocks back first.
+                if self.tails is not None and self.tails.evict_one():
+                    continue
+                self.stats_counters.allocation_failures += 1
+                return None
+
+    def _arena_blocks_needed(self, num_tokens: int) -> int:
+        """Arena blocks an allocation of ``num_tokens`` may take (pages and two slots)."""
+        pages = (-(-num_tokens // self.block_size) + 1) * len(self.attn_ids)
+        return -(-pages // core_access.pages_per_block(self.manager)) + 2
 
     def _track_first(self, request: Request, alloc: Allocation, num_hit: int) -> _Tracked:
         """Track a request after its first allocation, which must hit the adopted tokens."""
@@ -415,30 +474,6 @@ class HybridKVCacheManager:
         new = [t[s:] for t, s in zip(tr.tables, tr.sent)]
         tr.sent = [len(t) for t in tr.tables]
         return self._kv_blocks(new)
-
-    def _fits(self, request: Request, hit: int) -> bool:
-        """Whether the whole sequence could be held next to what live requests hold.
-
-        Cached entries nobody holds are evictable, so only live requests' pages and slots
-        count against the pool; the new request needs pages for its unmatched units and a
-        running slot plus one save slot.
-        """
-        units = -(-min(request.num_tokens, self.manager.spec.max_model_len) // self.block_size)
-        need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
-        return self._held_blocks() + need <= self.num_blocks - 1
-
-    def _held_blocks(self) -> int:
-        ids: set[int] = set()
-        slots = dups = 0
-        for tr in self._tracked.values():
-            for gid in self.attn_ids:
-                ids.update(tr.tables[gid])
-            mreq = self.manager.requests[tr.request.request_id]
-            slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
-            # A unit this request recomputed although another request had registered it
-            # meanwhile: the request keeps its page and holds the cached one too.
-            dups += len(mreq.dup_pages) * len(self.attn_ids)
-        return len(ids) + dups + slots * self.slot_blocks
 
     def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
         b = self.block_size
@@ -498,6 +533,8 @@ class HybridKVCacheManager:
     # ------------------------------------------------------------------ steps
     def new_step_starts(self) -> None:
         """Commit what the previous step computed, so this step's lookups can hit it."""
+        if self.tails is not None:
+            self.tails.new_step()  # before the commits below queue this step's copies
         for tr in self._tracked.values():
             self._sync(tr)
         self._pending_snaps.clear()
@@ -521,8 +558,11 @@ class HybridKVCacheManager:
                 self._new_block_ids.extend(tr.tables[gid][first:])
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """No extra copies: snapshot restores ride on the worker's own column copy."""
-        return [], []
+        """Sub-block tails' copies (made and restored); block-level snapshot restores ride
+        on the worker's own column copy. No block is retained: tails own theirs."""
+        if self.tails is None:
+            return [], []
+        return [KVCacheBlockCopy(s, d) for s, d in self.tails.take_copies()], []
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         return {}
@@ -541,6 +581,9 @@ class HybridKVCacheManager:
         if tr is not None:
             self._sync(tr)
             self._unpin(tr)
+        self._fine.pop(rid, None)
+        if self.tails is not None:
+            self.tails.forget(rid)
         self.manager.free(rid, finished=request.is_finished())
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
@@ -560,6 +603,8 @@ class HybridKVCacheManager:
         """Evict every cached entry; refused (False) while requests hold allocations."""
         if self._tracked:
             return False
+        if self.tails is not None:
+            self.tails.clear()
         self.manager.clear()
         if self.log_stats:
             assert self.prefix_cache_stats is not None
@@ -568,49 +613,3 @@ class HybridKVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         raise NotImplementedError("hybridcache cannot evict single vLLM blocks (connector path)")
-
-    # ------------------------------------------------------------------ queries
-    def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        tr = self._tracked.get(request_id)
-        return self.empty_kv_cache_blocks if tr is None else self._kv_blocks(tr.tables)
-
-    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
-        return self.get_blocks(request_id).get_block_ids()
-
-    def get_block_ids_for_computed_tokens(
-        self, request_id: str, num_computed_tokens: int
-    ) -> tuple[list[int], ...]:
-        ids = self.get_block_ids(request_id)
-        n = -(-num_computed_tokens // self.block_size)
-        return tuple(t[:n] if g in self.attn_ids else t for g, t in enumerate(ids))
-
-    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
-        return [0] * self.num_groups
-
-    def estimate_cached_tokens(self, request: Request) -> int:
-        mreq = self.manager.requests.get(request.request_id)
-        if mreq is None:
-            return 0
-        return min(mreq.units * self.block_size, request.num_prompt_tokens)
-
-    def num_free_blocks(self) -> int:
-        arena = self.manager.arena
-        used = arena.pages_in_use + arena.slots_in_use * max(self.slot_blocks, 1)
-        return max(self.num_blocks - used, 0)
-
-    @property
-    def usage(self) -> float:
-        """Fraction of vLLM blocks holding a page or a slot (cached entries included)."""
-        return 1.0 - self.num_free_blocks() / self.num_blocks
-
-    def stats(self) -> dict[str, object]:
-        """The engine's metrics plus the adapter's counters, JSON-friendly."""
-        out = dict(self.manager.stats())
-        out.update(dataclasses.asdict(self.stats_counters))
-        out["block_size"] = self.block_size
-        out["num_blocks"] = self.num_blocks
-        return out
-
-    @property
-    def num_tracked(self) -> int:
-        return len(self._tracked)

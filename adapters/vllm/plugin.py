@@ -5,12 +5,18 @@ used, so it does no heavy work and never raises. The scheduler needs no registra
 (``--scheduler-cls`` takes its qualified name). ``register`` reports, once, whether this
 vLLM is one the adapter supports, and registers ``HybridCacheConnector`` by name with
 vLLM's ``KVConnectorFactory`` (lazily: the connector module is imported only when a
-``kv_transfer_config`` names it), so ``kv_connector_module_path`` may be omitted.
+``kv_transfer_config`` names it), so ``kv_connector_module_path`` may be omitted, and
+fixes vLLM 0.32's block copy so that copy-on-write copies whole pages (:mod:`.copy_fix`).
+
+The work is a list of patches (:data:`PATCHES`), each applied in turn and guarded on its
+own: one that fails is logged and skipped, and the others still run. Add a patch by
+appending a function that returns whether it applied.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 logger = logging.getLogger("hybridcache.adapters.vllm")
 
@@ -20,7 +26,7 @@ CONNECTOR_MODULE = "hybridcache.adapters.vllm.connector"
 
 
 def register() -> None:
-    """Harmless hook: log support status, register the connector; never raise."""
+    """Harmless hook: log support status, then apply :data:`PATCHES`; never raise."""
     try:
         from .version import SUPPORTED_VLLM, installed_vllm_version, is_supported
 
@@ -36,7 +42,23 @@ def register() -> None:
     except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
         logger.debug("hybridcache plugin: version probe failed: %s", exc)
         return
-    register_connector()
+    for patch in PATCHES:
+        _apply(patch)
+
+
+def _apply(patch: Callable[[], bool]) -> bool:
+    try:
+        return bool(patch())
+    except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
+        logger.debug("hybridcache plugin: %s failed: %s", patch.__name__, exc)
+        return False
+
+
+def install_copy_fix() -> bool:
+    """Whole-page copy-on-write block copies in the worker (see :mod:`.copy_fix`)."""
+    from .copy_fix import install
+
+    return install()
 
 
 def register_connector() -> bool:
@@ -51,3 +73,7 @@ def register_connector() -> bool:
     except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
         logger.debug("hybridcache plugin: connector registration failed: %s", exc)
         return False
+
+
+#: What :func:`register` applies, in order, on a supported vLLM.
+PATCHES: list[Callable[[], bool]] = [register_connector, install_copy_fix]

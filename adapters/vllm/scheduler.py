@@ -11,7 +11,10 @@ Everything vLLM's ``Scheduler`` does is kept (batching, chunked prefill, preempt
 outputs, metrics); only ``self.kv_cache_manager`` is replaced by
 :class:`~.manager.HybridKVCacheManager` and the ``align``-mode chunk split is changed: a
 prefill chunk never runs past a block boundary, so every block boundary's state is left in
-a block the manager can keep as a snapshot (vLLM's own split keeps only some of them).
+a block the manager can keep as a snapshot (vLLM's own split keeps only some of them), and
+it ends at every save point of the sub-block tails (:mod:`.fine`: hits and states on
+16-token boundaries inside vLLM's inflated block, ``--prefix-match-unit`` to change the
+unit), whose copies go to the worker through ``kv_cache_block_copies``.
 
 With ``--kv-transfer-config`` naming :class:`~.connector.HybridCacheConnector`, the manager
 is :class:`~.manager_external.ConnectorKVCacheManager`: it accepts the connector's
@@ -50,6 +53,11 @@ CONFIG_KEYS = (
     "min_seen",
     "tenant_quotas",
 )
+#: Keys of the same section read by the scheduler itself (not core settings).
+SCHEDULER_KEYS = ("prefix_match_unit",)
+#: Our hash unit inside vLLM's block when neither ``--prefix-match-unit`` nor
+#: ``{"hybridcache": {"prefix_match_unit": N}}`` sets one (0 there: block boundaries only).
+DEFAULT_PREFIX_MATCH_UNIT = 16
 
 
 def cache_config_from(additional_config: Any) -> CacheConfig:
@@ -61,12 +69,13 @@ def cache_config_from(additional_config: Any) -> CacheConfig:
     section = {}
     if isinstance(additional_config, dict):
         section = dict(additional_config.get("hybridcache") or {})
-    unknown = sorted(set(section) - set(CONFIG_KEYS))
+    unknown = sorted(set(section) - set(CONFIG_KEYS) - set(SCHEDULER_KEYS))
     if unknown:
         raise ValueError(
-            f"hybridcache: unknown additional_config keys {unknown}; known: {', '.join(CONFIG_KEYS)}"
+            f"hybridcache: unknown additional_config keys {unknown}; known: "
+            f"{', '.join(CONFIG_KEYS + SCHEDULER_KEYS)}"
         )
-    return CacheConfig(**section)
+    return CacheConfig(**{k: v for k, v in section.items() if k in CONFIG_KEYS})
 
 
 def _is_hybridcache_connector(connector: Any) -> bool:
@@ -92,6 +101,7 @@ class HybridCacheScheduler(Scheduler):
             hf_config=getattr(self.vllm_config.model_config, "hf_config", None),
             enable_caching=bool(self.cache_config.enable_prefix_caching),
             log_stats=self.log_stats,
+            prefix_match_unit=self.prefix_match_unit(),
         )
         if self.connector is not None:
             # vLLM bound its own manager before we replaced it.
@@ -114,6 +124,28 @@ class HybridCacheScheduler(Scheduler):
             config.admission,
             config.eviction,
         )
+
+    def prefix_match_unit(self) -> int | None:
+        """Our hash unit inside vLLM's block, or ``None`` (hits on block boundaries only).
+
+        ``--prefix-match-unit`` if given, else ``{"hybridcache": {"prefix_match_unit": N}}``
+        (0: off), else :data:`DEFAULT_PREFIX_MATCH_UNIT`. Only hybrid models' inflated
+        blocks get sub-block tails, and not with a KV connector (tails stay on the device).
+
+        Raises:
+            ValueError: a unit that does not divide the block.
+        """
+        unit = self.cache_config.prefix_match_unit
+        if unit is None:
+            extra = self.vllm_config.additional_config
+            section = (extra.get("hybridcache") or {}) if isinstance(extra, dict) else {}
+            unit = int(section.get("prefix_match_unit", DEFAULT_PREFIX_MATCH_UNIT))
+        if not unit or not self.has_mamba_layers or unit >= self.block_size:
+            return None
+        if self.block_size % unit:
+            raise ValueError(f"hybridcache: prefix_match_unit {unit} does not divide the "
+                             f"block size {self.block_size}")
+        return None if self.connector is not None else unit
 
     def _check_supported(self) -> None:
         """Refuse configurations whose block handling the adapter does not implement."""
@@ -138,10 +170,11 @@ class HybridCacheScheduler(Scheduler):
             )
         if self.is_encoder_decoder:
             reasons.append("encoder-decoder models")
-        if self.hash_block_size != self.block_size:
+        if self.hash_block_size != self.block_size and not self.has_mamba_layers:
             reasons.append(
-                f"--prefix-match-unit / hash block {self.hash_block_size} != block "
-                f"{self.block_size} (one hash unit must be one vLLM block)"
+                f"--prefix-match-unit {self.hash_block_size} below the block "
+                f"{self.block_size} without state layers (sub-block hits are made for "
+                "hybrid models' inflated blocks)"
             )
         if reasons:
             raise ValueError("HybridCacheScheduler does not support: " + "; ".join(reasons))

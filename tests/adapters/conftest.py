@@ -77,3 +77,13 @@ def tiny_qwen3_next(tmp_path_factory) -> Path:
     import vllm_tiny_model
 
     return vllm_tiny_model.build_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next"))
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen3_next_wide(tmp_path_factory) -> Path:
+    """The tiny Qwen3-Next with 8 GDN value heads: vLLM inflates its block to 1,152 tokens,
+    so every prompt of the fine-grained end-to-end test is shorter than one block."""
+    import vllm_tiny_model
+
+    return vllm_tiny_model.build_qwen3_next(tmp_path_factory.mktemp("tiny-qwen3-next-wide"),
+                                            value_heads=8)

@@ -55,10 +55,17 @@ def test_sessions_and_branches_hit_more_than_native(model_dir):
     res_n, res_o = run_both(model_dir, chat_and_documents(), num_blocks=400)
     native, ours = sum(res_n.hits.values()), sum(res_o.hits.values())
     # Turn-end snapshots let the next turn resume past the previous answer: vLLM's
-    # align mode keeps only the prompt's last boundary (measured: 3648 vs 3968).
+    # align mode keeps only the prompt's last boundary (measured: 3648 vs 4224).
     assert ours > native, (native, ours)
-    for rid, hit in res_o.hits.items():
-        assert hit % h.BLOCK == 0 and hit < res_o.prompt_lens[rid]
+    for rid, hit in res_o.hits.items():  # on 16-token units (the default inside a block)
+        assert hit % 16 == 0 and hit < res_o.prompt_lens[rid]
+    # vLLM at its strongest setting (prefix_match_unit 16, retention None) beside its
+    # default: ours still finds more (measured: 4048 vs 4224).
+    best = h.make_scheduler(model_dir, Scheduler, num_blocks=400, prefix_match_unit=16,
+                            retention=None)
+    res_b = h.drive(best, chat_and_documents())
+    assert res_b.outputs == res_o.outputs
+    assert ours > sum(res_b.hits.values()) > native
     # A session's later turns always resume at least where vLLM resumes them.
     for rid in res_n.hits:
         if rid.startswith("s") and not rid.endswith("/0"):

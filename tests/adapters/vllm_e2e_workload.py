@@ -10,7 +10,9 @@ The workload (token ids drawn from a seeded RNG, so both runs see the same promp
 1. two chat sessions sharing one system prompt; each turn's prompt is the whole history
    (system prompt, earlier user turns and the model's answers) plus a new user turn;
    the two sessions run side by side, turn by turn;
-2. a shared document with one question, then two more questions on it in one batch.
+2. a shared document with one question, then two more questions on it in one batch;
+3. with ``--workload late``: two more sessions on the system prompt, started one after the
+   other once the first ones are done, and a fourth question on the document.
 
 Output JSON: ``{"requests": [{"name", "prompt_len", "num_cached_tokens", "output",
 "logprobs"}],
@@ -36,6 +38,7 @@ SYSTEM_LEN = 300
 USER_LENS = (200, 225, 60)
 DOC_LEN = 600
 QUESTION_LEN = 30
+LATE_USER_LENS = (190, 150)
 MAX_TOKENS = 24
 
 TOL = 0.02  # logprob tolerance of check_same_greedy
@@ -46,8 +49,23 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(2, 512) for _ in range(n)]
 
 
+def sessions(generate, rng: random.Random, system: list[int], names: str,
+             user_lens: tuple[int, ...]) -> None:
+    """Chat sessions ``names`` side by side on ``system``; each turn's prompt is the whole
+    history plus a new user turn (session ``i`` adds ``7 * i`` tokens to each turn)."""
+    history = {s: list(system) for s in names}
+    for turn, n in enumerate(user_lens):
+        batch = []
+        for i, s in enumerate(names):
+            history[s] += _tokens(rng, n + 7 * i)
+            batch.append((f"session{s}-turn{turn}", list(history[s])))
+        for (name, ids), out in zip(batch, generate(batch)):
+            history[name[7]] = ids + out
+
+
 def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: str,
-        kv_transfer: dict | None = None) -> dict:
+        kv_transfer: dict | None = None, engine: dict | None = None,
+        workload: str = "base") -> dict:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -69,6 +87,7 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         kw["additional_config"] = additional
     if kv_transfer:
         kw["kv_transfer_config"] = kv_transfer
+    kw.update(engine or {})
     llm = LLM(**kw)
     startup = time.time() - t0
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
@@ -94,17 +113,16 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         return got
 
     system = _tokens(rng, SYSTEM_LEN)
-    history = {"A": list(system), "B": list(system)}
-    for turn, n in enumerate(USER_LENS):
-        batch = []
-        for s in history:
-            history[s] += _tokens(rng, n + (7 if s == "B" else 0))
-            batch.append((f"session{s}-turn{turn}", list(history[s])))
-        for (name, ids), out in zip(batch, generate(batch)):
-            history[name[7]] = ids + out
+    sessions(generate, rng, system, "AB", USER_LENS)
     doc = _tokens(rng, DOC_LEN)
     generate([("doc-q0", doc + _tokens(rng, QUESTION_LEN))])
     generate([(f"doc-q{i}", doc + _tokens(rng, QUESTION_LEN + i)) for i in (1, 2)])
+    if workload == "late":
+        # Users who come later: two more sessions on the same system prompt, one after
+        # the other, and a third question on the document.
+        sessions(generate, rng, system, "C", LATE_USER_LENS)
+        sessions(generate, rng, system, "D", LATE_USER_LENS)
+        generate([("doc-q3", doc + _tokens(rng, QUESTION_LEN + 3))])
 
     core = llm.llm_engine.engine_core.engine_core
     sched = core.scheduler
@@ -131,11 +149,13 @@ def _connector_stats(sched) -> dict | None:
     return dict(scheduler=sched.connector.scheduler_stats(), worker=worker.worker_stats())
 
 
-def serve(model: Path, out: Path, *extra: str) -> dict:
-    """Run the workload on ``model`` in a fresh process (``extra``: this script's options)
-    and return its output JSON (also written to ``out``)."""
+def serve(model: Path, out: Path, *extra: str, env_extra: dict | None = None) -> dict:
+    """Run the workload on ``model`` in a fresh process (``extra``: this script's options,
+    ``env_extra``: environment, e.g. ``HYBRIDCACHE_VLLM_COPY_FIX=0``) and return its output
+    JSON (also written to ``out``)."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false",
+               **(env_extra or {}))
     cmd = [sys.executable, str(Path(__file__).resolve()), str(model), str(out), *extra]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
@@ -170,6 +190,23 @@ def check_same_greedy(native: dict, ours: dict) -> list[str]:
     return notes
 
 
+def engine_options(a: argparse.Namespace) -> dict:
+    """``LLM`` keyword arguments of the command-line switches for vLLM's own cache settings."""
+    kw: dict = {}
+    if a.prefix_match_unit is not None:
+        kw["prefix_match_unit"] = a.prefix_match_unit
+    if a.retention_interval is not None:
+        r = a.retention_interval
+        kw["prefix_cache_retention_interval"] = None if r.lower() == "none" else int(r)
+    if a.no_prefix_caching:
+        kw["enable_prefix_caching"] = False
+    return kw
+
+
+#: vLLM at its strongest documented setting (hash unit 16 inside its block, every state kept).
+STRONGEST = ("--prefix-match-unit", "16", "--retention-interval", "none")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("model")
@@ -178,10 +215,18 @@ def main() -> None:
     ap.add_argument("--additional-config", default=None)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-transfer-config", default=None)
+    ap.add_argument("--prefix-match-unit", type=int, default=None,
+                    help="vLLM's hash unit inside its block (its strongest setting: 16)")
+    ap.add_argument("--retention-interval", default=None,
+                    help="vLLM's prefix_cache_retention_interval: 'none' or an integer")
+    ap.add_argument("--no-prefix-caching", action="store_true",
+                    help="caching off: the reference outputs")
+    ap.add_argument("--workload", choices=("base", "late"), default="base",
+                    help="late: also sessions and a question arriving after the first ones")
     a = ap.parse_args()
     extra = json.loads(a.additional_config) if a.additional_config else None
     ktc = json.loads(a.kv_transfer_config) if a.kv_transfer_config else None
-    res = run(a.model, a.scheduler_cls, extra, a.dtype, ktc)
+    res = run(a.model, a.scheduler_cls, extra, a.dtype, ktc, engine_options(a), a.workload)
     with open(a.out, "w") as f:
         json.dump(res, f)
 

@@ -72,8 +72,13 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
                    max_batched: int = 1024, additional_config: dict | None = None,
                    mamba_cache_mode: str = "align", mamba_groups: int = 1,
                    long_prefill_token_threshold: int = 0,
-                   kv_transfer_config: Any = None) -> Any:
+                   kv_transfer_config: Any = None, prefix_match_unit: int | None = None,
+                   retention: int | None | str = "default") -> Any:
     """A scheduler over a hand-built hybrid ``KVCacheConfig``.
+
+    ``prefix_match_unit`` hashes at that unit inside the block (vLLM's fine-grained hits;
+    our sub-block tails); ``retention`` is vLLM's ``prefix_cache_retention_interval``
+    (``None``: keep every state; its strongest setting with ``prefix_match_unit``).
 
     ``mamba_groups`` GDN groups (vLLM splits many recurrent layers into several groups of
     one block table each) and one attention group. ``kv_transfer_config`` (a vLLM
@@ -99,7 +104,10 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
             long_prefill_token_threshold=long_prefill_token_threshold,
         ),
         cache_config=CacheConfig(block_size=BLOCK, enable_prefix_caching=True,
-                                 mamba_cache_mode=mamba_cache_mode),
+                                 mamba_cache_mode=mamba_cache_mode,
+                                 prefix_match_unit=prefix_match_unit,
+                                 **({} if retention == "default"
+                                    else {"prefix_cache_retention_interval": retention})),
         additional_config=additional_config or {},
         kv_transfer_config=kv_transfer_config,
     )
@@ -116,8 +124,8 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         # As vLLM's engine builds it: sparse Mamba retention (the CacheConfig default 0),
         # hashing at the block size.
         prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
-        hash_block_size=BLOCK,
-        cache_hit_alignment_tokens=BLOCK,
+        hash_block_size=prefix_match_unit or BLOCK,
+        cache_hit_alignment_tokens=prefix_match_unit or BLOCK,
     )
     vllm_config.cache_config.num_gpu_blocks = num_blocks
     return scheduler_cls(
@@ -125,6 +133,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config),
         block_size=BLOCK,
+        hash_block_size=prefix_match_unit or BLOCK,
         log_stats=True,
     )
 
@@ -361,8 +370,12 @@ def assert_ours_clean(sched: Any) -> None:
     pages = sum(len(n.pages) for n in nodes if n.pages is not None)
     snaps = sum(1 for n in nodes if n.snap >= 0)
     arena = mgr.manager.arena
-    assert arena.pages_in_use == 1 + pages
-    assert arena.slots_in_use == snaps
+    tails = list(mgr.tails.lru) if mgr.tails is not None else []  # sub-block tails' copies
+    assert arena.pages_in_use == 1 + pages + sum(len(t.pages) for t in tails)
+    assert arena.slots_in_use == snaps + len(tails)
+    if mgr.tails is not None:
+        # Copies of the last step may still be listed (run, awaiting the next step).
+        assert all(p.emitted for p in mgr.tails.pending) and not mgr.tails.hashers
     assert mgr.stats_counters.saves_dropped == 0
 
 

@@ -51,8 +51,15 @@ def train_tokenizer(out_dir: Path, vocab_size: int = 512) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def build_qwen3_next(out_dir: Path, *, value_head_dim: int = 128, seed: int = 0) -> Path:
-    """Save a 4-layer Qwen3-Next (GDN, attn, GDN, attn) with random weights to ``out_dir``."""
+def build_qwen3_next(
+    out_dir: Path, *, value_head_dim: int = 128, value_heads: int = 1, seed: int = 0
+) -> Path:
+    """Save a 4-layer Qwen3-Next (GDN, attn, GDN, attn) with random weights to ``out_dir``.
+
+    ``value_heads`` GDN value heads (sharing one key head) widen the recurrent state and so
+    vLLM's inflated ``align`` block: 8 heads give a block of more than 1,024 tokens, the
+    size of real models' blocks relative to short prompts (fine-grained hit tests).
+    """
     import torch
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
@@ -68,7 +75,7 @@ def build_qwen3_next(out_dir: Path, *, value_head_dim: int = 128, seed: int = 0)
         num_key_value_heads=2,
         head_dim=64,
         linear_num_key_heads=1,
-        linear_num_value_heads=1,
+        linear_num_value_heads=value_heads,
         linear_key_head_dim=128,
         linear_value_head_dim=value_head_dim,
         linear_conv_kernel_dim=4,

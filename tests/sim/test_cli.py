@@ -93,7 +93,7 @@ def test_all_native_on_a_block_trace_skips_vllm_native(tmp_path, capsys):
     out = tmp_path / "r.json"
     assert main(["run", "--trace", str(trace), "--model", "kimi-linear-48b", "--capacity", "4GiB",
                  "--policy", "all-native", "--json", str(out), "--no-progress"]) == 0
-    assert "skipping vllm-native replays token traces only" in capsys.readouterr().err
+    assert "skipping vLLM-native policies replay token traces only" in capsys.readouterr().err
     doc = json.loads(out.read_text())
     assert [r["policy"] for r in doc["results"]] == [
         "hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only"]

@@ -1,0 +1,99 @@
+"""Read-only answers of :class:`~.manager.HybridKVCacheManager` to vLLM's scheduler.
+
+Block tables, free-block counts and statistics, split from the manager module so that each
+module stays small; they read the manager's request records and do not change them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request
+
+
+class BlockQueries:
+    """Mixin of :class:`~.manager.HybridKVCacheManager` (its attributes are the manager's)."""
+
+    _tracked: dict[str, Any]
+    manager: Any
+    attn_ids: list[int]
+    num_groups: int
+    num_blocks: int
+    block_size: int
+    slot_blocks: int
+    stats_counters: Any
+    tails: Any
+    empty_kv_cache_blocks: KVCacheBlocks
+
+    def _fits(self, request: Request, hit: int) -> bool:
+        """Whether the whole sequence could be held next to what live requests hold.
+
+        Cached entries nobody holds are evictable, so only live requests' pages and slots
+        count against the pool; the new request needs pages for its unmatched units and a
+        running slot plus one save slot.
+        """
+        units = -(-min(request.num_tokens, self.manager.spec.max_model_len) // self.block_size)
+        need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
+        return self._held_blocks() + need <= self.num_blocks - 1
+
+    def _held_blocks(self) -> int:
+        ids: set[int] = set()
+        slots = dups = 0
+        for tr in self._tracked.values():
+            for gid in self.attn_ids:
+                ids.update(tr.tables[gid])
+            mreq = self.manager.requests[tr.request.request_id]
+            slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
+            # A unit this request recomputed although another request had registered it
+            # meanwhile: the request keeps its page and holds the cached one too.
+            dups += len(mreq.dup_pages) * len(self.attn_ids)
+        return len(ids) + dups + slots * self.slot_blocks
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        tr = self._tracked.get(request_id)
+        return self.empty_kv_cache_blocks if tr is None else self._kv_blocks(tr.tables)
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        return self.get_blocks(request_id).get_block_ids()
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        ids = self.get_block_ids(request_id)
+        n = -(-num_computed_tokens // self.block_size)
+        return tuple(t[:n] if g in self.attn_ids else t for g, t in enumerate(ids))
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        return [0] * self.num_groups
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        mreq = self.manager.requests.get(request.request_id)
+        if mreq is None:
+            return 0
+        return min(mreq.units * self.block_size, request.num_prompt_tokens)
+
+    def num_free_blocks(self) -> int:
+        arena = self.manager.arena
+        used = arena.pages_in_use + arena.slots_in_use * max(self.slot_blocks, 1)
+        return max(self.num_blocks - used, 0)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of vLLM blocks holding a page or a slot (cached entries included)."""
+        return 1.0 - self.num_free_blocks() / self.num_blocks
+
+    def stats(self) -> dict[str, object]:
+        """The engine's metrics plus the adapter's counters, JSON-friendly."""
+        out = dict(self.manager.stats())
+        out.update(dataclasses.asdict(self.stats_counters))
+        if self.tails is not None:
+            out.update(self.tails.stats())
+        out["block_size"] = self.block_size
+        out["num_blocks"] = self.num_blocks
+        return out
+
+    @property
+    def num_tracked(self) -> int:
+        return len(self._tracked)
