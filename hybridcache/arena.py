@@ -195,6 +195,9 @@ class Arena:
         self._is_open = [False] * n
         self.pages_in_use = 0
         self.slots_in_use = 0
+        #: Blocks in use per kind (``KV``, ``STATE``): what counting a request's room reads
+        #: without a scan of the blocks.
+        self.blocks_in_use = {KV: 0, STATE: 0}
         # One flag per entry: catches double frees inside a block that is still in use.
         self._live = {KV: bytearray(layout.num_pages), STATE: bytearray(layout.num_slots)}
 
@@ -268,6 +271,7 @@ class Arena:
             elif self._free_blocks:
                 b = self._free_blocks.pop()
                 kinds[b] = kind
+                self.blocks_in_use[kind] += 1
                 base = b * per_block
                 k = min(want, per_block)
                 out += range(base, base + k)
@@ -290,6 +294,7 @@ class Arena:
         self.used_per_block[b] -= 1
         if self.used_per_block[b] == 0:
             self._kind[b] = FREE
+            self.blocks_in_use[kind] -= 1
             self._entry_free[b] = []
             self._free_blocks.append(b)
             return
@@ -306,6 +311,43 @@ class Arena:
 
     def block_kind(self, block: int) -> int:
         return self._kind[block]
+
+    @property
+    def free_page_entries(self) -> int:
+        """Free pages inside KV slabs in use (taken before any new block is opened)."""
+        return self.blocks_in_use[KV] * self.layout.pages_per_block - self.pages_in_use
+
+    @property
+    def free_slot_entries(self) -> int:
+        """Free slots inside state blocks in use."""
+        return self.blocks_in_use[STATE] * self.layout.slots_per_block - self.slots_in_use
+
+    def check_invariants(self) -> None:
+        """Recount every per-block field from the entry flags (raises ``AssertionError``).
+
+        Invariants: a block's kind is FREE iff no entry of it is live and it is on the free
+        stack exactly once; ``used_per_block`` counts its live entries; the in-use
+        counters are the sums of those; an open block of a kind has that kind.
+        """
+        lay = self.layout
+        free = set(self._free_blocks)
+        assert len(free) == len(self._free_blocks), "a block twice on the free stack"
+        per = {KV: lay.pages_per_block, STATE: lay.slots_per_block}
+        totals = {KV: 0, STATE: 0}
+        blocks = {KV: 0, STATE: 0}
+        for b in range(lay.num_blocks):
+            kind = self._kind[b]
+            if kind == FREE:
+                assert b in free and self.used_per_block[b] == 0, f"free block {b} in use"
+                continue
+            assert b not in free, f"block {b} in use and on the free stack"
+            n = per[kind]
+            live = sum(self._live[kind][b * n : (b + 1) * n])
+            assert live == self.used_per_block[b] > 0, f"block {b}: {live} live entries"
+            totals[kind] += live
+            blocks[kind] += 1
+        assert totals[KV] == self.pages_in_use and totals[STATE] == self.slots_in_use
+        assert blocks == self.blocks_in_use, "blocks in use per kind"
 
     @property
     def free_block_count(self) -> int:

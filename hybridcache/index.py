@@ -195,6 +195,13 @@ class PrefixIndex(EvictingAllocator):
         self._aside: list | None = None  # set while a slot_batch is open
         self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
         self.tenant_bytes: dict[str | None, int] = {}
+        #: Counts that size an allocation before it takes anything (hybridcache.room):
+        #: registered KV units (``sum(len(run))``), pinned ones (``sum(run.held)``),
+        #: registered snapshots and those of them with ``snap_ref > 0``.
+        self.kv_units = 0
+        self.held_units = 0
+        self.snapshots = 0
+        self.pinned_snapshots = 0
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
         lay = arena.layout
@@ -270,6 +277,7 @@ class PrefixIndex(EvictingAllocator):
             old = run.held
             if end > old:
                 run.held = end
+                self.held_units += end - old
                 if not old:
                     self._held_runs.add(run)
                 self._pinned_stale = True
@@ -295,6 +303,7 @@ class PrefixIndex(EvictingAllocator):
             if new == end:
                 continue
             run.held = new
+            self.held_units += new - end
             if not new:
                 self._held_runs.discard(run)
             self._pinned_stale = True
@@ -309,6 +318,8 @@ class PrefixIndex(EvictingAllocator):
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
         if node.snap_ref == 0:
             self.snap_q.hold(node)
+            if node.snap >= 0:
+                self.pinned_snapshots += 1
         node.snap_ref += 1
 
     def unpin_snapshot(self, node: Node, tick: int) -> None:
@@ -316,6 +327,7 @@ class PrefixIndex(EvictingAllocator):
         if node.snap_ref < 0:
             raise AssertionError(f"negative snap_ref on {node}")
         if node.snap_ref == 0 and node.snap >= 0:
+            self.pinned_snapshots -= 1
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
     # ------------------------------------------------------------------ registering
@@ -370,6 +382,7 @@ class PrefixIndex(EvictingAllocator):
             run = Run(flops, len(tables), first, tenant)
         self.version += 1
         n = len(ds)
+        self.kv_units += n
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * n
         stop = first + n
         per_group = [
@@ -394,6 +407,7 @@ class PrefixIndex(EvictingAllocator):
             else:
                 del h[old]
         shift_blocks(self._registered, run, len(run.digests) - n, len(run.digests), 1)
+        self.held_units += len(run.digests) - run.held
         run.held = len(run.digests)
         h[run.held] = h.get(run.held, 0) + 1
         self._held_runs.add(run)
@@ -424,6 +438,8 @@ class PrefixIndex(EvictingAllocator):
         assert self.handles.get(node.digest) is node, "register_snapshot on a foreign handle"
         node.snap = slot
         node.snap_flops = flops
+        self.snapshots += 1
+        self.pinned_snapshots += node.snap_ref > 0
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
@@ -443,6 +459,7 @@ class PrefixIndex(EvictingAllocator):
         pos = node.depth - run.first
         assert pos >= run.held
         self.kv_q.discard(node)
+        self.kv_units -= 1
         reg, ppb, free_page = self._registered, self._ppb, self.arena.free_page
         for pages in run.pages:
             p = pages[pos]
@@ -486,6 +503,7 @@ class PrefixIndex(EvictingAllocator):
         slot = node.snap
         assert node.snap_ref == 0 and slot >= 0
         self.snap_q.discard(node)
+        self.snapshots -= 1
         if not keep_slot:
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap

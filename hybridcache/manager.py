@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
 from hybridcache.requests import Request, admission_points
+from hybridcache.room import fits
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
@@ -50,6 +52,15 @@ class _Undo:
     def __init__(self) -> None:
         self.pages: list[int] = []
         self.slots: list[int] = []
+
+
+class _Hit(NamedTuple):
+    """A request's match as its first allocation applies it."""
+
+    kv_units: int
+    units: int  # the usable hit: KV units with a snapshot at the end (models with state)
+    holds: list[Hold]
+    restore: Node | None
 
 
 class HybridCacheManager(SavePointControl):
@@ -207,22 +218,38 @@ class HybridCacheManager(SavePointControl):
                 "allocated tokens before allocating more"
             )
         first = not req.allocated
-        start = self._begin(req) if first else req.num_allocated
+        hit = self._hit(req) if first else None
+        start = hit.units * self.unit if hit is not None else req.num_allocated
         end = start + num_new_tokens
         if end > self.spec.max_model_len:
-            self._rollback_first(req) if first else None
             raise InvalidRequestError(
                 f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
             )
+        # Count, then take: a refused step changes nothing (hybridcache.room).
+        have = hit.units if hit is not None else req.units_allocated
+        page_units = max(-(-end // self.unit) - have, 0)
+        slots = (first + num_draft) if self.has_state else 0
+        if hit is None:
+            room = fits(self.index, page_units, slots)
+        else:
+            room = fits(self.index, page_units, slots, hit.holds, hit.restore)
+        if not room:
+            raise OutOfSpaceError(
+                f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
+                "slots do not fit, even after evicting every cached entry no request holds"
+            )
+        if hit is not None:
+            self._begin(req, hit)
         undo = _Undo()
         try:
+            # Slots before pages, the order the room was counted in.
             copies = self._first_slot(req, undo) if first else _NO_COPIES
-            new_pages = self._alloc_pages(req, end, undo)
             drafts: tuple[int, ...] = ()
             if num_draft and self.has_state:
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
-        except OutOfSpaceError:
+            new_pages = self._alloc_pages(req, end, undo)
+        except OutOfSpaceError:  # pragma: no cover - the count above rules it out
             for p in undo.pages:
                 self.arena.free_page(p)
             for s in undo.slots:
@@ -250,12 +277,17 @@ class HybridCacheManager(SavePointControl):
             hit_tokens=req.hit_tokens,
         )
 
-    def _begin(self, req: Request) -> int:
-        """First allocation: apply the match and hold its pages and snapshot."""
-        self.tick += 1
+    def _hit(self, req: Request) -> _Hit:
+        """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
         kv_units, snap_units, snap_node, holds = self._walk(req)
         hit_units = snap_units if self.has_state else kv_units
-        holds = truncate_holds(holds, hit_units)
+        restore = snap_node if (self.has_state and hit_units) else None
+        return _Hit(kv_units, hit_units, truncate_holds(holds, hit_units), restore)
+
+    def _begin(self, req: Request, hit: _Hit) -> int:
+        """First allocation: apply the match and hold its pages and snapshot."""
+        self.tick += 1
+        kv_units, hit_units, holds = hit.kv_units, hit.units, hit.holds
         self.index.hold_runs(holds)
         req.units = hit_units
         req.hit_holds = holds
@@ -264,7 +296,7 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
-        req.restore = snap_node if (self.has_state and hit_units) else None
+        req.restore = hit.restore
         if req.restore is not None:
             self.index.pin_snapshot(req.restore)
         req.allocated = True

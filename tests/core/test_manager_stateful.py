@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
+from tests.core.state_fingerprint import fingerprint
 
 UNIT = 4
 PIECES = [list(range(100 * k, 100 * k + n)) for k, n in enumerate([9, 13, 4, 7, 21, 3])]
@@ -93,9 +94,11 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _alloc(self, r, n, draft=0):
         before = self.m.cached_snapshot_slots()
+        state = fingerprint(self.m)
         try:
             a = self.m.allocate(r["id"], n, num_draft=draft)
         except OutOfSpaceError:
+            assert fingerprint(self.m) == state, "a refused allocate changed the manager"
             return None
         cached = self.m.cached_snapshot_slots()
         assert cached <= before  # allocation never registers anything
