@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from hybridcache.arena import Arena
+from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
 from hybridcache.eviction import EvictingAllocator, SlotBatch
 from hybridcache.policy import Clock, EvictionQueue, LRUQueue, MarconiQueue, ValueQueue
 from hybridcache.runs import (
@@ -192,6 +193,12 @@ class PrefixIndex(EvictingAllocator):
         self.marconi_alpha = marconi_alpha
         self.marconi_window = marconi_window
         self.on_evict = on_evict
+        #: Events appended while calls run, taken out by the engine (hybridcache.events);
+        #: ``None``: not recorded.
+        self.events: list[CacheEvent] | None = None
+        lay = arena.layout
+        self._kv_groups = tuple(lay.page_payload)
+        self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
         self._aside: list | None = None  # set while a slot_batch is open
         self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
         self.tenant_bytes: dict[str | None, int] = {}
@@ -219,6 +226,12 @@ class PrefixIndex(EvictingAllocator):
             self.snap_q = MarconiQueue()
         self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
         self._init_eviction()
+
+    def check_invariants(self) -> None:
+        """Recount the invariants written at the fields above (:mod:`hybridcache.invariants`)."""
+        from hybridcache.invariants import check_index
+
+        check_index(self)
 
     # ------------------------------------------------------------------ units
     def handle(self, run: Run, pos: int) -> Node:
@@ -390,6 +403,11 @@ class PrefixIndex(EvictingAllocator):
             for t in tables
         ]
         run.extend(ds, per_group, self._ppb)
+        if self.events is not None:
+            self.events.append(CacheEvent(
+                STORED, "kv", DEVICE, tuple(ds), first, self._kv_groups, tenant,
+                tuple(zip(*per_group)),
+            ))
         if fresh:
             heads[ds[0]] = run
         bare = self.bare
@@ -440,6 +458,11 @@ class PrefixIndex(EvictingAllocator):
         node.snap_flops = flops
         self.snapshots += 1
         self.pinned_snapshots += node.snap_ref > 0
+        if self.events is not None:
+            self.events.append(CacheEvent(
+                STORED, "state", DEVICE, (node.digest,), node.depth, self._state_groups,
+                node.tenant, (slot,),
+            ))
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
@@ -525,6 +548,13 @@ class PrefixIndex(EvictingAllocator):
         self.evictions[kind] += 1
         self.evicted_bytes[kind] += nbytes
         self.tenant_bytes[node.tenant] -= nbytes
+        if self.events is not None:
+            kv = kind == "kv"
+            self.events.append(CacheEvent(
+                REMOVED, kind, DEVICE, (node.digest,), node.depth,
+                self._kv_groups if kv else self._state_groups, node.tenant,
+                (node.pages,) if kv else (node.snap,),
+            ))
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 

@@ -32,6 +32,7 @@ from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
 from hybridcache.index import Node, PrefixIndex
+from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import AdmissionPolicy, check_eviction_name
@@ -624,6 +625,10 @@ class HybridCacheManager(SavePointControl):
         m.evicted_bytes_kv = self.index.evicted_bytes["kv"]
         m.evicted_bytes_state = self.index.evicted_bytes["state"]
         return m
+
+    def check_invariants(self) -> None:
+        """Recount the manager's, index's and arena's invariants (:mod:`hybridcache.invariants`)."""
+        check_manager(self)
 
     def cached_snapshot_slots(self) -> set[int]:
         return {n.snap for n in self.index.handles.values() if n.snap >= 0}

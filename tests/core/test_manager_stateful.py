@@ -215,6 +215,7 @@ class ManagerMachine(RuleBasedStateMachine):
         snap_nodes = {d for d, n in handles.items() if n.snap >= 0}
         assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
         check_runs_and_ranks(m)
+        m.check_invariants()
 
     def teardown(self):
         if self.m is None:
