@@ -35,6 +35,8 @@ class CacheEvent(NamedTuple):
             the state groups a snapshot holds.
         tenant: the cache domain of the entries (``None``: the shared one).
         locations: KV: per unit, its page ids (one per group); state: ``(slot,)``.
+        flops: prefill FLOPs one entry saves (per unit for KV), the value eviction ranks.
+        hits: requests that reused the entry (0 when stored); a tier may rank by it.
     """
 
     action: str
@@ -45,6 +47,8 @@ class CacheEvent(NamedTuple):
     groups: tuple[str, ...]
     tenant: str | None
     locations: tuple
+    flops: float = 0.0
+    hits: int = 0
 
 
 def cleared_event() -> CacheEvent:

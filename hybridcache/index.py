@@ -198,6 +198,7 @@ class PrefixIndex(EvictingAllocator):
         self.events: list[CacheEvent] | None = None
         lay = arena.layout
         self._kv_groups = tuple(lay.page_payload)
+        self.kv_groups = len(self._kv_groups)  # pages per KV unit
         self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
         self._aside: list | None = None  # set while a slot_batch is open
         self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
@@ -406,7 +407,7 @@ class PrefixIndex(EvictingAllocator):
         if self.events is not None:
             self.events.append(CacheEvent(
                 STORED, "kv", DEVICE, tuple(ds), first, self._kv_groups, tenant,
-                tuple(zip(*per_group)),
+                tuple(zip(*per_group)), flops,
             ))
         if fresh:
             heads[ds[0]] = run
@@ -461,7 +462,7 @@ class PrefixIndex(EvictingAllocator):
         if self.events is not None:
             self.events.append(CacheEvent(
                 STORED, "state", DEVICE, (node.digest,), node.depth, self._state_groups,
-                node.tenant, (slot,),
+                node.tenant, (slot,), flops,
             ))
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
@@ -554,6 +555,7 @@ class PrefixIndex(EvictingAllocator):
                 REMOVED, kind, DEVICE, (node.digest,), node.depth,
                 self._kv_groups if kv else self._state_groups, node.tenant,
                 (node.pages,) if kv else (node.snap,),
+                node.kv_flops if kv else node.snap_flops, node.kv_hits if kv else node.snap_hits,
             ))
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)

@@ -31,11 +31,13 @@ from hybridcache.errors import InvalidRequestError
 from hybridcache.events import CacheEvent, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
-from hybridcache.plans import Allocation, MatchResult
+from hybridcache.plans import Allocation, CacheConfig, MatchResult
 from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
+from hybridcache.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.arena import ArenaLayout
     from hybridcache.index import Node
     from hybridcache.manager import HybridCacheManager
     from hybridcache.port_import import PrefixImport
@@ -127,6 +129,19 @@ class EnginePort:
             index.events = []
 
     # ------------------------------------------------------------------ properties
+    @property
+    def spec(self) -> ModelSpec:
+        return self._m.spec
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._m.config
+
+    @property
+    def layout(self) -> ArenaLayout:
+        """Byte geometry of the arena (where pages and slots sit in the engine's buffer)."""
+        return self._m.layout
+
     @property
     def unit(self) -> int:
         """Tokens per hash unit (and per KV page)."""
