@@ -30,12 +30,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from hybridcache.arena import Arena
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
-from hybridcache.eviction import EvictingAllocator, SlotBatch
-from hybridcache.policy import Clock, EvictionQueue, LRUQueue, MarconiQueue, ValueQueue
+from hybridcache.eviction import Evictor
+from hybridcache.policies import PolicySettings, build_policy
+from hybridcache.policy import EvictionQueue
 from hybridcache.runs import (
     Hold,
     Run,
-    RunValueQueue,
     pop_tail,
     shift_blocks,
     split,
@@ -149,9 +149,9 @@ def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
 
 
-class PrefixIndex(EvictingAllocator):
-    """Digest -> run (KV) and handle (snapshot), the two eviction queues and the arena they
-    draw from."""
+class PrefixIndex:
+    """Digest -> run (KV) and handle (snapshot); victims are chosen, and pages and slots
+    allocated under pressure, by its :class:`~hybridcache.eviction.Evictor`."""
 
     def __init__(
         self,
@@ -181,17 +181,12 @@ class PrefixIndex(EvictingAllocator):
         # would see exactly the same units, so callers may reuse it.
         self.version = 0
         self.eviction = eviction
-        # For slot allocation (eviction.py): registered KV pages per block, and the runs
-        # that requests hold (their held prefixes pin blocks). Pinned blocks are worked out
-        # only when a slot allocation asks, not on every hold and release.
+        # For slot allocation (eviction.py): registered KV pages per block (invariant: the
+        # pages of every run, counted per block), and the runs that requests hold
+        # (invariant: exactly the runs with ``held > 0``; their held prefixes pin blocks).
         self._registered = [0] * arena.layout.num_blocks
         self._held_runs: set[Run] = set()
-        self._pinned: set[int] = set()
-        self._pinned_stale = True
         self._ppb = max(arena.layout.pages_per_block, 1)
-        self._marconi_ranked: list[tuple[str, Node]] = []
-        self.marconi_alpha = marconi_alpha
-        self.marconi_window = marconi_window
         self.on_evict = on_evict
         #: Events appended while calls run, taken out by the engine (hybridcache.events);
         #: ``None``: not recorded.
@@ -200,8 +195,7 @@ class PrefixIndex(EvictingAllocator):
         self._kv_groups = tuple(lay.page_payload)
         self.kv_groups = len(self._kv_groups)  # pages per KV unit
         self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
-        self._aside: list | None = None  # set while a slot_batch is open
-        self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
+        #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
         self.tenant_bytes: dict[str | None, int] = {}
         #: Counts that size an allocation before it takes anything (hybridcache.room):
         #: registered KV units (``sum(len(run))``), pinned ones (``sum(run.held)``),
@@ -215,18 +209,22 @@ class PrefixIndex(EvictingAllocator):
         lay = arena.layout
         self.node_kv_bytes = lay.page_bytes * len(lay.page_payload)
         self.snap_bytes = lay.slot_bytes
-        if eviction == "lru":
-            self.kv_q: EvictionQueue = LRUQueue()
-            self.snap_q: EvictionQueue = LRUQueue()
-        elif eviction == "value":
-            clock = Clock()
-            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes)  # type: ignore[assignment]
-            self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
-        else:
-            self.kv_q = MarconiQueue()
-            self.snap_q = MarconiQueue()
+        settings = PolicySettings(
+            flops_per_byte_scale, self.node_kv_bytes, _snap_evictable, marconi_alpha, marconi_window
+        )
+        #: Chooses victims and allocates with eviction (the policy's queues, the arena).
+        self.evictor = ev = Evictor(self, arena, build_policy(eviction, settings))
+        self.kv_q: EvictionQueue = ev.kv_q
+        self.snap_q: EvictionQueue = ev.snap_q
         self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
-        self._init_eviction()
+        # Allocation with eviction is the evictor's; bound here for the index's callers.
+        self.alloc_page = ev.alloc_page
+        self.alloc_pages = ev.alloc_pages
+        self.alloc_slot = ev.alloc_slot
+        self.slot_batch = ev.slot_batch
+        self.evict_one = ev.evict_one
+        self.clear = ev.clear
+        self._in_unpinned_slab = ev.in_unpinned_slab
 
     def check_invariants(self) -> None:
         """Recount the invariants written at the fields above (:mod:`hybridcache.invariants`)."""
@@ -294,7 +292,7 @@ class PrefixIndex(EvictingAllocator):
                 self.held_units += end - old
                 if not old:
                     self._held_runs.add(run)
-                self._pinned_stale = True
+                self.evictor.pinned_stale = True
                 q.hold_range(run, old, end)
 
     def release_runs(self, holds: Sequence[Hold], tick: int) -> None:
@@ -320,7 +318,7 @@ class PrefixIndex(EvictingAllocator):
             self.held_units += new - end
             if not new:
                 self._held_runs.discard(run)
-            self._pinned_stale = True
+            self.evictor.pinned_stale = True
             q.release_range(run, new, end, tick, self.node_kv_bytes)
 
     def count_hits(self, holds: Sequence[Hold]) -> None:
@@ -430,7 +428,7 @@ class PrefixIndex(EvictingAllocator):
         run.held = len(run.digests)
         h[run.held] = h.get(run.held, 0) + 1
         self._held_runs.add(run)
-        self._pinned_stale = True
+        self.evictor.pinned_stale = True
         return (run, run.held), n
 
     @staticmethod

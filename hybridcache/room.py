@@ -91,9 +91,10 @@ def fits(
 
 def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold]) -> int:
     """KV slabs whose every page is registered and unheld once ``holds`` are held too."""
-    if index._pinned_stale:
-        index._find_pinned()
-    pinned = set(index._pinned)
+    ev = index.evictor
+    if ev.pinned_stale:
+        ev.find_pinned()
+    pinned = set(ev.pinned)
     for run, end in holds:
         for starts, blocks in run.segs:
             pinned.update(blocks[: bisect_left(starts, end)])
