@@ -195,9 +195,6 @@ class Arena:
         self._is_open = [False] * n
         self.pages_in_use = 0
         self.slots_in_use = 0
-        #: Blocks in use per kind (``KV``, ``STATE``): what counting a request's room reads
-        #: without a scan of the blocks.
-        self.blocks_in_use = {KV: 0, STATE: 0}
         # One flag per entry: catches double frees inside a block that is still in use.
         self._live = {KV: bytearray(layout.num_pages), STATE: bytearray(layout.num_slots)}
 
@@ -271,7 +268,6 @@ class Arena:
             elif self._free_blocks:
                 b = self._free_blocks.pop()
                 kinds[b] = kind
-                self.blocks_in_use[kind] += 1
                 base = b * per_block
                 k = min(want, per_block)
                 out += range(base, base + k)
@@ -294,7 +290,6 @@ class Arena:
         self.used_per_block[b] -= 1
         if self.used_per_block[b] == 0:
             self._kind[b] = FREE
-            self.blocks_in_use[kind] -= 1
             self._entry_free[b] = []
             self._free_blocks.append(b)
             return
@@ -311,6 +306,19 @@ class Arena:
 
     def block_kind(self, block: int) -> int:
         return self._kind[block]
+
+    @property
+    def blocks_in_use(self) -> dict[int, int]:
+        """Blocks in use per kind, from the entry counters alone: one of the two kinds always
+        has one entry per block (a slot at least a page: one slot per block; else a block is
+        one page), so no per-block scan or extra counter is needed."""
+        lay = self.layout
+        used = lay.num_blocks - len(self._free_blocks)
+        if lay.slots_per_block <= 1:  # no state, or one slot per block
+            state = self.slots_in_use
+            return {KV: used - state, STATE: state}
+        kv = self.pages_in_use  # several slots per block: a block is one page
+        return {KV: kv, STATE: used - kv}
 
     @property
     def free_page_entries(self) -> int:

@@ -91,6 +91,8 @@ class Evictor:
 
     def __init__(self, index: PrefixIndex, arena: Arena, parts: PolicyParts) -> None:
         self._index = index
+        self._evict_kv = index.evict_kv
+        self._evict_snapshot = index.evict_snapshot
         self.arena = arena
         self.kv_q = parts.kv_queue
         self.snap_q = parts.snapshot_queue
@@ -144,9 +146,9 @@ class Evictor:
         (handed over to the caller, not freed), else -1."""
         if kind == "state":
             self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
-            return self._index.evict_snapshot(node, keep_slot)
+            return self._evict_snapshot(node, keep_slot)
         self.kv_q.evicted(node)
-        self._index.evict_kv(node)
+        self._evict_kv(node)
         return -1
 
     def alloc_page(self) -> int | None:

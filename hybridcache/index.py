@@ -198,10 +198,10 @@ class PrefixIndex:
         #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
         self.tenant_bytes: dict[str | None, int] = {}
         #: Counts that size an allocation before it takes anything (hybridcache.room):
-        #: registered KV units (``sum(len(run))``), pinned ones (``sum(run.held)``),
-        #: registered snapshots and those of them with ``snap_ref > 0``.
+        #: registered KV units (invariant: ``sum(len(run))``; the held ones are summed
+        #: over ``_held_runs`` when needed), registered snapshots and those of them with
+        #: ``snap_ref > 0``.
         self.kv_units = 0
-        self.held_units = 0
         self.snapshots = 0
         self.pinned_snapshots = 0
         self.evictions = {"kv": 0, "state": 0}
@@ -289,7 +289,6 @@ class PrefixIndex:
             old = run.held
             if end > old:
                 run.held = end
-                self.held_units += end - old
                 if not old:
                     self._held_runs.add(run)
                 self.evictor.pinned_stale = True
@@ -315,7 +314,6 @@ class PrefixIndex:
             if new == end:
                 continue
             run.held = new
-            self.held_units += new - end
             if not new:
                 self._held_runs.discard(run)
             self.evictor.pinned_stale = True
@@ -424,7 +422,6 @@ class PrefixIndex:
             else:
                 del h[old]
         shift_blocks(self._registered, run, len(run.digests) - n, len(run.digests), 1)
-        self.held_units += len(run.digests) - run.held
         run.held = len(run.digests)
         h[run.held] = h.get(run.held, 0) + 1
         self._held_runs.add(run)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import NamedTuple
 
 import numpy as np
 
@@ -55,13 +54,11 @@ class _Undo:
         self.slots: list[int] = []
 
 
-class _Hit(NamedTuple):
-    """A request's match as its first allocation applies it."""
-
-    kv_units: int
-    units: int  # the usable hit: KV units with a snapshot at the end (models with state)
-    holds: list[Hold]
-    restore: Node | None
+#: A request's match as its first allocation applies it: ``(kv_units, units, holds,
+#: restore)``, where ``units`` is the usable hit (KV units with a snapshot at the end, for
+#: models with state), ``holds`` cover it and ``restore`` is the snapshot to copy from.
+#: A plain tuple: made on every first allocation.
+_Hit = tuple[int, int, list[Hold], "Node | None"]
 
 
 class HybridCacheManager(SavePointControl):
@@ -220,20 +217,21 @@ class HybridCacheManager(SavePointControl):
             )
         first = not req.allocated
         hit = self._hit(req) if first else None
-        start = hit.units * self.unit if hit is not None else req.num_allocated
+        start = hit[1] * self.unit if hit is not None else req.num_allocated
         end = start + num_new_tokens
         if end > self.spec.max_model_len:
             raise InvalidRequestError(
                 f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
             )
         # Count, then take: a refused step changes nothing (hybridcache.room).
-        have = hit.units if hit is not None else req.units_allocated
-        page_units = max(-(-end // self.unit) - have, 0)
+        page_units = -(-end // self.unit) - (hit[1] if hit is not None else req.units_allocated)
         slots = (first + num_draft) if self.has_state else 0
+        if page_units < 0:
+            page_units = 0
         if hit is None:
             room = fits(self.index, page_units, slots)
         else:
-            room = fits(self.index, page_units, slots, hit.holds, hit.restore)
+            room = fits(self.index, page_units, slots, hit[2], hit[3])
         if not room:
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
@@ -281,14 +279,14 @@ class HybridCacheManager(SavePointControl):
     def _hit(self, req: Request) -> _Hit:
         """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
         kv_units, snap_units, snap_node, holds = self._walk(req)
-        hit_units = snap_units if self.has_state else kv_units
-        restore = snap_node if (self.has_state and hit_units) else None
-        return _Hit(kv_units, hit_units, truncate_holds(holds, hit_units), restore)
+        if self.has_state:
+            return (kv_units, snap_units, truncate_holds(holds, snap_units), snap_node if snap_units else None)
+        return (kv_units, kv_units, truncate_holds(holds, kv_units), None)
 
     def _begin(self, req: Request, hit: _Hit) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        kv_units, hit_units, holds = hit.kv_units, hit.units, hit.holds
+        kv_units, hit_units, holds, restore = hit
         self.index.hold_runs(holds)
         req.units = hit_units
         req.hit_holds = holds
@@ -297,7 +295,7 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
-        req.restore = hit.restore
+        req.restore = restore
         if req.restore is not None:
             self.index.pin_snapshot(req.restore)
         req.allocated = True

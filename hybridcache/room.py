@@ -35,7 +35,7 @@ from bisect import bisect_left
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from hybridcache.arena import KV, STATE
+from hybridcache.arena import KV
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import Node, PrefixIndex
@@ -57,20 +57,23 @@ def fits(
     pages = page_units * index.kv_groups
     ppb, spb = lay.pages_per_block, lay.slots_per_block
     free_blocks = len(arena._free_blocks)
-    # The usual step: room without eviction (free entries, then free blocks).
-    free_slots = arena.blocks_in_use[STATE] * spb - arena.slots_in_use
-    slot_blocks = 0 if slots <= free_slots else -(-(slots - free_slots) // spb)
-    free_pages = arena.blocks_in_use[KV] * ppb - arena.pages_in_use
-    if slot_blocks <= free_blocks and pages <= free_pages + (free_blocks - slot_blocks) * ppb:
-        return True
-    extra_held = 0
-    for run, end in holds:
-        if end > run.held:
-            extra_held += end - run.held
-    ev_pages = (index.kv_units - index.held_units - extra_held) * index.kv_groups
+    if slots <= free_blocks and pages + slots * ppb <= free_blocks * ppb:
+        return True  # the usual step: free blocks alone hold it, no eviction
     ev_snaps = index.snapshots - index.pinned_snapshots
     if restore is not None and restore.snap >= 0 and restore.snap_ref == 0:
         ev_snaps -= 1
+    if spb <= 1:
+        # One slot per block: a quick yes from free entries, free blocks and evictable
+        # snapshots alone (the usual answer once the cache is full), before KV is counted.
+        free_pages = (lay.num_blocks - free_blocks - arena.slots_in_use) * ppb - arena.pages_in_use
+        if slots <= free_blocks + ev_snaps and pages <= free_pages + ppb * (free_blocks + ev_snaps - slots):
+            return True
+    extra_held = 0
+    held_units = sum(run.held for run in index._held_runs)  # the live requests' runs
+    for run, end in holds:
+        if end > run.held:
+            extra_held += end - run.held
+    ev_pages = (index.kv_units - held_units - extra_held) * index.kv_groups
     if spb > 1:  # small state: a block is one page
         if slots > arena.free_slot_entries + ev_snaps + spb * (free_blocks + ev_pages):
             return False

@@ -65,13 +65,8 @@ def register_policy(name: str) -> Callable[[PolicyBuilder], PolicyBuilder]:
     return deco
 
 
-def _load_builtins() -> None:
-    # In the order the docs list them (the registry keeps registration order).
-    from hybridcache.policies import lru, value, marconi  # noqa: F401, I001 - registers them
-
-
 def policy_names() -> tuple[str, ...]:
-    _load_builtins()
+    """Registered names: the built-in ones first, then in registration order."""
     return tuple(_REGISTRY)
 
 
@@ -84,3 +79,8 @@ def check_policy_name(name: str) -> str:
 def build_policy(name: str, settings: PolicySettings) -> PolicyParts:
     """The queues (and chooser) of the policy called ``name``."""
     return _REGISTRY[check_policy_name(name)](settings)
+
+
+# The built-in policies register on import, in the order the docs list them (last: they
+# import the names above).
+from hybridcache.policies import lru, value, marconi  # noqa: E402, F401, I001

@@ -185,9 +185,6 @@ class RunValueQueue:
             return run.rel.get(pos + 1, (self._clock.value, 0))
         return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
 
-    def _value(self, base: float, hits: int, flops: float) -> float:
-        return greedy_dual_priority(base, hits, flops, self._per)
-
     def priority(self, node: Node) -> float:
         """Current priority of any KV unit (the queue itself only ranks tails)."""
         run = node.run
@@ -196,7 +193,7 @@ class RunValueQueue:
 
     def unit_priority(self, run: Run, pos: int) -> float:
         """:meth:`priority` of the unit at ``pos`` of ``run``."""
-        return self._value(self._base(run, pos)[0], run.hit_count(pos), run.flops)
+        return greedy_dual_priority(self._base(run, pos)[0], run.hit_count(pos), run.flops, self._per)
 
     def touch(self, run: Run) -> None:
         """(Re)queue the run's tail at its current priority if it is evictable."""
@@ -204,7 +201,7 @@ class RunValueQueue:
         if not n or run.held >= n:
             return
         base, order = self._base(run, n - 1)
-        prio = self._value(base, run.hits.get(n, 0), run.flops)
+        prio = greedy_dual_priority(base, run.hits.get(n, 0), run.flops, self._per)
         if run.qseq:
             if prio == run.qprio:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would

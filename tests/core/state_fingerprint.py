@@ -72,7 +72,7 @@ def fingerprint(m: HybridCacheManager) -> dict[str, object]:
             index.version, dict(index.evictions), dict(index.evicted_bytes),
             sorted(index.tenant_bytes.items(), key=repr), list(index._registered),
             sorted(index.bare),
-            *(getattr(index, k, None) for k in ("kv_units", "held_units", "snapshots", "pinned_snapshots")),
+            *(getattr(index, k, None) for k in ("kv_units", "snapshots", "pinned_snapshots")),
         ),
         "runs": runs,
         "handles": handles,

@@ -153,10 +153,10 @@ def test_check_invariants_catches_corruption():
     _serve(port, "a", list(range(30)), [1, 2])
     port.check_invariants()
     m = port._m
-    m.index.held_units += 1  # a counter that sizes allocations drifts
-    with pytest.raises(AssertionError, match="unit counters"):
+    m.index.kv_units += 1  # a counter that sizes allocations drifts
+    with pytest.raises(AssertionError, match="unit counter"):
         port.check_invariants()
-    m.index.held_units -= 1
+    m.index.kv_units -= 1
     run = next(iter(m.index.heads.values()))
     m.arena.free_page(run.pages[0][-1])  # a registered page freed behind the index's back
     with pytest.raises(AssertionError):
