@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.arena import Arena
-    from hybridcache.index import Node, PrefixIndex
+    from hybridcache.index import PrefixIndex, UnitHandle
     from hybridcache.policies import PolicyParts
     from hybridcache.runs import PagesPred
 
@@ -65,7 +65,7 @@ class LowestFirst:
     def __init__(self, kv_q: Any, snap_q: Any) -> None:
         self.kv_q, self.snap_q = kv_q, snap_q
 
-    def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, Node] | None:
+    def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, UnitHandle] | None:
         """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
         (see :meth:`EvictionQueue.first <hybridcache.policy.EvictionQueue.first>` for ``aside``)."""
         b = self.snap_q.peek()
@@ -141,7 +141,7 @@ class Evictor:
         self._drop(*choice, keep_slot=False)
         return True
 
-    def _drop(self, kind: str, node: Node, keep_slot: bool) -> int:
+    def _drop(self, kind: str, node: UnitHandle, keep_slot: bool) -> int:
         """Evict a chosen victim; returns its slot when ``keep_slot`` and it is a snapshot
         (handed over to the caller, not freed), else -1."""
         if kind == "state":

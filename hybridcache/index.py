@@ -9,7 +9,7 @@ separately (SGLang's separate KV/state locks and LRU lists):
   the first unit of every run to the run. A walk enters every run at its first unit, so
   no other unit needs an entry (see :meth:`PrefixIndex.kv_path`). A run's holds count the
   running requests whose block tables use its pages; only unheld units can lose their KV.
-- A :class:`Node` is a handle on one unit, made on demand: every snapshot has one (its
+- A :class:`UnitHandle` is a handle on one unit, made on demand: every snapshot has one (its
   ``snap_ref`` counts pending restores, a copy plan that reads the snapshot and has not run
   yet; only snapshots with ``snap_ref == 0`` can be evicted), and so does a KV unit that
   someone asked for. Registering a request's new units makes no per-unit object and no
@@ -42,12 +42,12 @@ from hybridcache.runs import (
     truncate_holds,
 )
 
-__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitView", "truncate_holds"]
+__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
 
 Digest = bytes
 
 
-class Node:
+class UnitHandle:
     """A handle on one hash unit of one cached prefix, made on demand (module docstring).
 
     It carries the unit's snapshot, if any (the state after the unit's last token), and
@@ -100,11 +100,16 @@ class Node:
         return 0 if run is None else run.hit_count(self.depth - run.first)
 
     def __repr__(self) -> str:
-        return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
+        return f"UnitHandle(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
 
 
-class UnitView(Mapping[Digest, Node]):
-    """Read-only ``digest -> Node`` over every cached unit (with KV, a snapshot or both).
+#: The former name of :class:`UnitHandle` (there is no tree of nodes), kept for code written
+#: against it.
+Node = UnitHandle
+
+
+class UnitView(Mapping[Digest, UnitHandle]):
+    """Read-only ``digest -> UnitHandle`` over every cached unit (with KV, a snapshot or both).
 
     For inspection and tests: the index maps only runs' first units, so looking up any
     other unit scans the runs, and a KV unit looked up gets its handle (kept, so the same
@@ -121,7 +126,7 @@ class UnitView(Mapping[Digest, Node]):
                 return run, run.digests.index(digest)  # type: ignore[arg-type]
         return None
 
-    def __getitem__(self, digest: Digest) -> Node:
+    def __getitem__(self, digest: Digest) -> UnitHandle:
         index = self._index
         node = index.handles.get(digest)
         if node is not None:
@@ -145,7 +150,7 @@ class UnitView(Mapping[Digest, Node]):
         return sum(len(run) for run in index.heads.values()) + len(index.bare)
 
 
-def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
+def _snap_evictable(node: UnitHandle) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
 
 
@@ -160,7 +165,7 @@ class PrefixIndex:
         flops_per_byte_scale: float,
         marconi_alpha: float = 1.0,
         marconi_window: int = 64,
-        on_evict: Callable[[str, Node, int], None] | None = None,
+        on_evict: Callable[[str, UnitHandle, int], None] | None = None,
     ) -> None:
         self.arena = arena
         #: The first unit of every run -> the run. A walk enters every run at its first
@@ -172,10 +177,10 @@ class PrefixIndex:
         #: handle stays while its unit has KV, also after its snapshot is evicted: it keeps
         #: the unit's snapshot hits, which rank a snapshot registered there again (dropping
         #: them cost 0.008 of hit rate on the demo at 1 GiB).
-        self.handles: dict[Digest, Node] = {}
+        self.handles: dict[Digest, UnitHandle] = {}
         #: The handles without KV (snapshot only), checked when units are registered.
-        self.bare: dict[Digest, Node] = {}
-        #: Every unit as a ``digest -> Node`` mapping (see :class:`UnitView`).
+        self.bare: dict[Digest, UnitHandle] = {}
+        #: Every unit as a ``digest -> UnitHandle`` mapping (see :class:`UnitView`).
         self.nodes = UnitView(self)
         # Bumped whenever an entry is registered or evicted: a walk with an equal version
         # would see exactly the same units, so callers may reuse it.
@@ -233,15 +238,15 @@ class PrefixIndex:
         check_index(self)
 
     # ------------------------------------------------------------------ units
-    def handle(self, run: Run, pos: int) -> Node:
+    def handle(self, run: Run, pos: int) -> UnitHandle:
         """The handle of the unit at ``pos`` of ``run`` (made and kept on first use)."""
         d = run.digests[pos]
         node = self.handles.get(d)
         if node is None:
-            node = self.handles[d] = Node(d, run.first + pos, run.tenant, run)
+            node = self.handles[d] = UnitHandle(d, run.first + pos, run.tenant, run)
         return node
 
-    def unit(self, digests: Sequence[Digest], u: int) -> Node | None:
+    def unit(self, digests: Sequence[Digest], u: int) -> UnitHandle | None:
         """The handle of unit ``u`` of a chain (``None`` if it has neither KV nor a snapshot)."""
         node = self.handles.get(digests[u])
         if node is not None:
@@ -324,7 +329,7 @@ class PrefixIndex:
         for run, end in holds:
             run.hits[end] = run.hits.get(end, 0) + 1
 
-    def pin_snapshot(self, node: Node) -> None:
+    def pin_snapshot(self, node: UnitHandle) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
         if node.snap_ref == 0:
             self.snap_q.hold(node)
@@ -332,7 +337,7 @@ class PrefixIndex:
                 self.pinned_snapshots += 1
         node.snap_ref += 1
 
-    def unpin_snapshot(self, node: Node, tick: int) -> None:
+    def unpin_snapshot(self, node: UnitHandle, tick: int) -> None:
         node.snap_ref -= 1
         if node.snap_ref < 0:
             raise AssertionError(f"negative snap_ref on {node}")
@@ -443,7 +448,7 @@ class PrefixIndex:
             return None
         return run
 
-    def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
+    def register_snapshot(self, node: UnitHandle, slot: int, flops: float, tick: int) -> None:
         """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now).
 
         ``node`` is the unit's handle (:meth:`handle`, :meth:`unit`)."""
@@ -463,14 +468,14 @@ class PrefixIndex:
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
 
-    def demote_snapshot(self, node: Node) -> None:
+    def demote_snapshot(self, node: UnitHandle) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
         floors = [f for f in (self.kv_q.floor(), self.snap_q.floor()) if f is not None]
         if floors:
             self.snap_q.demote(node, min(floors))
 
     # ------------------------------------------------------------------ eviction
-    def evict_kv(self, node: Node) -> None:
+    def evict_kv(self, node: UnitHandle) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
         self.version += 1
         run = node.run
@@ -508,7 +513,7 @@ class PrefixIndex:
         else:
             self.bare[node.digest] = node
 
-    def evict_snapshot(self, node: Node, keep_slot: bool = False) -> int:
+    def evict_snapshot(self, node: UnitHandle, keep_slot: bool = False) -> int:
         """Drop ``node``'s snapshot (it must be unpinned).
 
         Args:
@@ -533,7 +538,7 @@ class PrefixIndex:
 
         return slot if keep_slot else -1
 
-    def _account(self, kind: str, node: Node, nbytes: int) -> None:
+    def _account(self, kind: str, node: UnitHandle, nbytes: int) -> None:
         """Count an eviction and call ``on_evict(kind, node, nbytes)``.
 
         The hook runs after the arena freed the entry and before the index forgets it:
@@ -603,7 +608,7 @@ class PrefixIndex:
             i += m
         return i, holds
 
-    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, Node | None]:
+    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, UnitHandle | None]:
         """``(end, node)``: the deepest of the chain's first ``units`` units with a snapshot
         (``(0, None)`` if none has one)."""
         get = self.handles.get
@@ -613,7 +618,7 @@ class PrefixIndex:
                 return u + 1, node
         return 0, None
 
-    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
+    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, UnitHandle | None]:
         """Longest KV run and deepest snapshot on it.
 
         Returns:

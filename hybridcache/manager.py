@@ -30,7 +30,7 @@ import numpy as np
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Node, PrefixIndex
+from hybridcache.index import PrefixIndex, UnitHandle
 from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
@@ -58,7 +58,7 @@ class _Undo:
 #: restore)``, where ``units`` is the usable hit (KV units with a snapshot at the end, for
 #: models with state), ``holds`` cover it and ``restore`` is the snapshot to copy from.
 #: A plain tuple: made on every first allocation.
-_Hit = tuple[int, int, list[Hold], "Node | None"]
+_Hit = tuple[int, int, list[Hold], "UnitHandle | None"]
 
 
 class HybridCacheManager(SavePointControl):
@@ -158,7 +158,7 @@ class HybridCacheManager(SavePointControl):
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
-    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Hold]]:
+    def _walk(self, req: Request) -> tuple[int, int, UnitHandle | None, list[Hold]]:
         """The index walk for ``req``, reused while neither the index nor the request changed.
 
         ``add_request`` matches and the first ``allocate`` applies the match, usually with

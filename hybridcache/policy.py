@@ -89,7 +89,7 @@ class EvictionQueue:
     def add(self, item: object, tick: int, flops: float, nbytes: int, hits: int) -> None:
         raise NotImplementedError
 
-    #: The index's handle maker ``(run, pos) -> Node``: a per-unit queue keys its entries by
+    #: The index's handle maker ``(run, pos) -> UnitHandle``: a per-unit queue keys its entries by
     #: the units' handles (set by the index).
     unit: Callable[[Any, int], Any]
 

@@ -38,7 +38,7 @@ from hybridcache.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.arena import ArenaLayout
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
     from hybridcache.manager import HybridCacheManager
     from hybridcache.port_import import PrefixImport
     from hybridcache.requests import Request
@@ -112,7 +112,7 @@ class SnapshotPin(NamedTuple):
 
     boundary: int
     slot: int
-    handle: Node
+    handle: UnitHandle
 
 
 class EnginePort:
@@ -306,7 +306,7 @@ class EnginePort:
         node = self._snapshot_handle(request_id, boundary)
         return -1 if node is None else node.snap
 
-    def _snapshot_handle(self, request_id: str, boundary: int) -> Node | None:
+    def _snapshot_handle(self, request_id: str, boundary: int) -> UnitHandle | None:
         digests = self._m._get(request_id).hasher.digests
         u = boundary // self._m.unit - 1
         if boundary % self._m.unit or not 0 <= u < len(digests):

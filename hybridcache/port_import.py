@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from hybridcache.port import DevicePrefix
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
     from hybridcache.manager import HybridCacheManager
     from hybridcache.requests import Request
     from hybridcache.runs import Hold
@@ -38,7 +38,7 @@ class PrefixImport:
         self._m = manager
         self._req = request
         self._held: list[Hold] = []
-        self._pinned: list[Node] = []
+        self._pinned: list[UnitHandle] = []
         self.pages: dict[int, tuple[int, ...]] = {}  # unit -> its loaded pages, per group
         self.slot = -1
 

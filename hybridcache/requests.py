@@ -9,7 +9,7 @@ from __future__ import annotations
 import bisect
 
 from hybridcache.hashing import TokenHasher
-from hybridcache.index import Node
+from hybridcache.index import UnitHandle
 from hybridcache.policy import AdmissionPolicy
 from hybridcache.runs import Run
 
@@ -51,14 +51,14 @@ class Request:
         self.rolling_slot = -1
         self.rolling_boundary = -1
         self.pending_rolling: tuple[int, int] | None = None
-        self.restore: Node | None = None
+        self.restore: UnitHandle | None = None
         self.hit_tokens = 0
         self.kv_hit_tokens = 0
         self.num_computed = 0
         self.num_allocated = 0
         self.step_start = 0
         self.snap_marks: list[int] = []
-        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list]] | None = None
+        self.walk: tuple[tuple[int, int], tuple[int, int, UnitHandle | None, list]] | None = None
         # Run holds (see hybridcache.runs) covering units ``[0, units)``, released at free; the first
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []

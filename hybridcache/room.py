@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 from hybridcache.arena import KV
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import Node, PrefixIndex
+    from hybridcache.index import PrefixIndex, UnitHandle
     from hybridcache.runs import Hold
 
 
@@ -47,7 +47,7 @@ def fits(
     page_units: int,
     slots: int,
     holds: Sequence[Hold] = (),
-    restore: Node | None = None,
+    restore: UnitHandle | None = None,
 ) -> bool:
     """Whether ``slots`` state slots, then ``page_units`` units of KV pages (one page per
     attention group each), can be allocated with eviction once ``holds`` are held and

@@ -30,10 +30,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
 
 #: Makes (or finds) the handle of the unit at a position of a run (``PrefixIndex.handle``).
-UnitOf = Callable[["Run", int], "Node"]
+UnitOf = Callable[["Run", int], "UnitHandle"]
 #: A victim filter on a unit's pages, one per attention group.
 PagesPred = Callable[[tuple[int, ...]], bool]
 

@@ -15,7 +15,7 @@ from hybridcache.policies import PolicyParts, PolicySettings, register_policy
 from hybridcache.policies.lru import LRUQueue
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
     from hybridcache.runs import PagesPred
 
 
@@ -76,15 +76,15 @@ class MarconiChooser:
     def __init__(self, kv_q: MarconiQueue, snap_q: MarconiQueue, alpha: float, window: int) -> None:
         self.kv_q, self.snap_q = kv_q, snap_q
         self.alpha, self.window = alpha, window
-        self._ranked: list[tuple[str, Node]] = []
+        self._ranked: list[tuple[str, UnitHandle]] = []
 
-    def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, Node] | None:
+    def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, UnitHandle] | None:
         """Marconi ranks a bounded window of candidates: if none of its KV candidates
         satisfies ``pred`` (is in an unpinned slab), take its best entry rather than stall."""
         got = self._next(pred)
         return got if got is not None or pred is None else self._next(None)
 
-    def _next(self, pred: PagesPred | None) -> tuple[str, Node] | None:
+    def _next(self, pred: PagesPred | None) -> tuple[str, UnitHandle] | None:
         """Next entry of the cached ranking that is still evictable (and, for KV,
         satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
         for ``pred`` keep their place at the low end of the ranking."""

@@ -18,7 +18,7 @@ from hybridcache.policies import PolicyParts, PolicySettings, register_policy
 from hybridcache.policy import EvictionQueue
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
     from hybridcache.runs import PagesPred, Run, UnitOf
 
 
@@ -185,7 +185,7 @@ class RunValueQueue:
             return run.rel.get(pos + 1, (self._clock.value, 0))
         return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
 
-    def priority(self, node: Node) -> float:
+    def priority(self, node: UnitHandle) -> float:
         """Current priority of any KV unit (the queue itself only ranks tails)."""
         run = node.run
         assert run is not None, "priority of a node without KV"
@@ -231,7 +231,7 @@ class RunValueQueue:
             else:
                 return
 
-    def peek(self) -> tuple[float, Node] | None:
+    def peek(self) -> tuple[float, UnitHandle] | None:
         self._clean()
         if not self._heap:
             return None
@@ -243,7 +243,7 @@ class RunValueQueue:
         self._clean()
         return self._heap[0][0] if self._heap else None
 
-    def first(self, pred: PagesPred, aside: list) -> tuple[float, Node] | None:
+    def first(self, pred: PagesPred, aside: list) -> tuple[float, UnitHandle] | None:
         """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
 
         A run set aside still offers its deepest unpinned unit that satisfies ``pred``
@@ -300,7 +300,7 @@ class RunValueQueue:
     def floor(self) -> float | None:
         return self._clock.value if self._heap else None
 
-    def evicted(self, node: Node) -> None:
+    def evicted(self, node: UnitHandle) -> None:
         """``node`` (a queued tail, or a unit :meth:`first` offered) is being evicted: age
         the clock to its priority."""
         run = node.run
@@ -316,7 +316,7 @@ class RunValueQueue:
             run.qseq = 0
             self._live -= 1
 
-    def discard(self, node: Node) -> None:
+    def discard(self, node: UnitHandle) -> None:
         """No per-unit entry to drop: the index reports the run as changed after evicting."""
 
     def __len__(self) -> int:
