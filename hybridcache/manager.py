@@ -27,6 +27,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from hybridcache.admission import AdmissionPolicy, admission_points
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
@@ -34,8 +35,8 @@ from hybridcache.index import PrefixIndex, UnitHandle
 from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
-from hybridcache.policy import AdmissionPolicy, check_eviction_name
-from hybridcache.requests import Request, admission_points
+from hybridcache.policy import check_eviction_name
+from hybridcache.requests import Request
 from hybridcache.room import fits
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl

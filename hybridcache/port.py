@@ -27,12 +27,12 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from hybridcache.admission import admission_points
 from hybridcache.errors import InvalidRequestError
 from hybridcache.events import CacheEvent, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
 from hybridcache.plans import Allocation, CacheConfig, MatchResult
-from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
 from hybridcache.spec import ModelSpec
 
