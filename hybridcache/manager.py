@@ -37,7 +37,7 @@ from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import check_eviction_name
 from hybridcache.requests import Request
-from hybridcache.room import fits
+from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
@@ -85,6 +85,7 @@ class HybridCacheManager(SavePointControl):
             self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
         )
         self.metrics = CacheMetrics()
+        self._fits = Room(self.index).fits  # count, then take (hybridcache.room)
         self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
         # A snapshot saves nothing without the KV pages below it: never worth more per byte
         # than a KV page, so eviction does not keep snapshots whose prefix it drops.
@@ -230,9 +231,9 @@ class HybridCacheManager(SavePointControl):
         if page_units < 0:
             page_units = 0
         if hit is None:
-            room = fits(self.index, page_units, slots)
+            room = self._fits(page_units, slots)
         else:
-            room = fits(self.index, page_units, slots, hit[2], hit[3])
+            room = self._fits(page_units, slots, hit[2], hit[3])
         if not room:
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "

@@ -42,6 +42,40 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.runs import Hold
 
 
+class Room:
+    """:func:`fits` for one index, with the arena's geometry bound once: the quick answers
+    (free blocks alone; free entries and evictable snapshots) cost a few attribute reads,
+    and only a step they cannot settle pays for the full count."""
+
+    __slots__ = ("index", "arena", "free_blocks", "ppb", "spb", "num_blocks", "groups")
+
+    def __init__(self, index: PrefixIndex) -> None:
+        self.index = index
+        self.arena = arena = index.arena
+        self.free_blocks = arena._free_blocks  # the arena's free-block stack (same list)
+        lay = arena.layout
+        self.ppb, self.spb, self.num_blocks = lay.pages_per_block, lay.slots_per_block, lay.num_blocks
+        self.groups = index.kv_groups
+
+    def fits(
+        self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None
+    ) -> bool:
+        """See :func:`fits`."""
+        pages, ppb = page_units * self.groups, self.ppb
+        free = len(self.free_blocks)
+        if slots <= free and pages + slots * ppb <= free * ppb:
+            return True
+        if self.spb <= 1:
+            # A quick yes without the KV count (the restored snapshot, if any, counted as
+            # pinned whether or not it is already).
+            index, arena = self.index, self.arena
+            ev = index.snapshots - index.pinned_snapshots - (restore is not None)
+            kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
+            if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
+                return True
+        return fits(self.index, page_units, slots, holds, restore)
+
+
 def fits(
     index: PrefixIndex,
     page_units: int,
