@@ -26,7 +26,7 @@ Choosing victims and allocating under pressure is :mod:`hybridcache.eviction`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridcache.arena import Arena
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
@@ -41,6 +41,7 @@ from hybridcache.runs import (
     split,
     truncate_holds,
 )
+from hybridcache.unit_view import UnitView
 
 __all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
 
@@ -106,48 +107,6 @@ class UnitHandle:
 #: The former name of :class:`UnitHandle` (there is no tree of nodes), kept for code written
 #: against it.
 Node = UnitHandle
-
-
-class UnitView(Mapping[Digest, UnitHandle]):
-    """Read-only ``digest -> UnitHandle`` over every cached unit (with KV, a snapshot or both).
-
-    For inspection and tests: the index maps only runs' first units, so looking up any
-    other unit scans the runs, and a KV unit looked up gets its handle (kept, so the same
-    unit always gives the same node). Hot paths use :meth:`PrefixIndex.kv_path` and
-    :attr:`PrefixIndex.handles`.
-    """
-
-    def __init__(self, index: PrefixIndex) -> None:
-        self._index = index
-
-    def _find(self, digest: object) -> tuple[Run, int] | None:
-        for run in self._index.heads.values():
-            if digest in run.digests:
-                return run, run.digests.index(digest)  # type: ignore[arg-type]
-        return None
-
-    def __getitem__(self, digest: Digest) -> UnitHandle:
-        index = self._index
-        node = index.handles.get(digest)
-        if node is not None:
-            return node
-        found = self._find(digest)
-        if found is None:
-            raise KeyError(digest)
-        return index.handle(*found)
-
-    def __contains__(self, digest: object) -> bool:
-        return digest in self._index.handles or self._find(digest) is not None
-
-    def __iter__(self) -> Iterator[Digest]:
-        index = self._index
-        for run in index.heads.values():
-            yield from run.digests
-        yield from index.bare
-
-    def __len__(self) -> int:
-        index = self._index
-        return sum(len(run) for run in index.heads.values()) + len(index.bare)
 
 
 def _snap_evictable(node: UnitHandle) -> bool:  # type: ignore[misc]
