@@ -308,6 +308,56 @@ class Arena:
         return self._kind[block]
 
     @property
+    def blocks_in_use(self) -> dict[int, int]:
+        """Blocks in use per kind, from the entry counters alone: one of the two kinds always
+        has one entry per block (a slot at least a page: one slot per block; else a block is
+        one page), so no per-block scan or extra counter is needed."""
+        lay = self.layout
+        used = lay.num_blocks - len(self._free_blocks)
+        if lay.slots_per_block <= 1:  # no state, or one slot per block
+            state = self.slots_in_use
+            return {KV: used - state, STATE: state}
+        kv = self.pages_in_use  # several slots per block: a block is one page
+        return {KV: kv, STATE: used - kv}
+
+    @property
+    def free_page_entries(self) -> int:
+        """Free pages inside KV slabs in use (taken before any new block is opened)."""
+        return self.blocks_in_use[KV] * self.layout.pages_per_block - self.pages_in_use
+
+    @property
+    def free_slot_entries(self) -> int:
+        """Free slots inside state blocks in use."""
+        return self.blocks_in_use[STATE] * self.layout.slots_per_block - self.slots_in_use
+
+    def check_invariants(self) -> None:
+        """Recount every per-block field from the entry flags (raises ``AssertionError``).
+
+        Invariants: a block's kind is FREE iff no entry of it is live and it is on the free
+        stack exactly once; ``used_per_block`` counts its live entries; the in-use
+        counters are the sums of those; an open block of a kind has that kind.
+        """
+        lay = self.layout
+        free = set(self._free_blocks)
+        assert len(free) == len(self._free_blocks), "a block twice on the free stack"
+        per = {KV: lay.pages_per_block, STATE: lay.slots_per_block}
+        totals = {KV: 0, STATE: 0}
+        blocks = {KV: 0, STATE: 0}
+        for b in range(lay.num_blocks):
+            kind = self._kind[b]
+            if kind == FREE:
+                assert b in free and self.used_per_block[b] == 0, f"free block {b} in use"
+                continue
+            assert b not in free, f"block {b} in use and on the free stack"
+            n = per[kind]
+            live = sum(self._live[kind][b * n : (b + 1) * n])
+            assert live == self.used_per_block[b] > 0, f"block {b}: {live} live entries"
+            totals[kind] += live
+            blocks[kind] += 1
+        assert totals[KV] == self.pages_in_use and totals[STATE] == self.slots_in_use
+        assert blocks == self.blocks_in_use, "blocks in use per kind"
+
+    @property
     def free_block_count(self) -> int:
         return len(self._free_blocks)
 

@@ -7,7 +7,7 @@ evictable): evicting a page of a pinned slab would destroy a cached entry withou
 free block closer. Victims are still single entries of the lowest rank, never whole slabs:
 slab mates can be the most valuable entries in the cache (measured: evicting the victim's
 whole slab cost up to half the hit rate at small budgets). Pinned-slab entries are set aside
-once per allocation (or per :meth:`EvictingAllocator.slot_batch`), not rescanned per victim;
+once per allocation (or per :meth:`Evictor.slot_batch`), not rescanned per victim;
 when the victim is a snapshot, the slot allocation takes its slot over.
 
 A slab is unpinned when all its pages are registered (no request's private page: the
@@ -16,108 +16,58 @@ run prefix. The pinned blocks are worked out from the held runs' block segments 
 slot allocation asks and the holds changed since: holds change on every request, slot
 allocations that may take KV are rarer, so no per-block count moves on a hold or release.
 
-The mixin keeps only that cache: it works on the index's queues, arena and counts.
+The :class:`Evictor` alone chooses victims and allocates with eviction: it holds the policy's
+two queues (:mod:`hybridcache.policies`) and its chooser, and the arena they free. The
+index keeps the slab counts it maintains at registration and holds (registered pages per
+block, held runs) and removes the victims the evictor picks (``evict_kv``,
+``evict_snapshot``); the evictor keeps only the pinned-blocks cache.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.policy import marconi_ranking
-
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import Node
+    from hybridcache.arena import Arena
+    from hybridcache.index import PrefixIndex, UnitHandle
+    from hybridcache.policies import PolicyParts
     from hybridcache.runs import PagesPred
 
 
 class SlotBatch:
-    """:meth:`EvictingAllocator.slot_batch` as a plain context object (no generator per use)."""
+    """:meth:`Evictor.slot_batch` as a plain context object (no generator per use)."""
 
-    __slots__ = ("index", "depth")
+    __slots__ = ("evictor", "depth")
 
-    def __init__(self, index: EvictingAllocator) -> None:
-        self.index = index
+    def __init__(self, evictor: Evictor) -> None:
+        self.evictor = evictor
         self.depth = 0
 
     def __enter__(self) -> None:
         if not self.depth:
-            self.index._aside = []
+            self.evictor._aside = []
         self.depth += 1
 
     def __exit__(self, *exc: object) -> None:
         self.depth -= 1
         if not self.depth:
-            index = self.index
-            aside, index._aside = index._aside, None
+            ev = self.evictor
+            aside, ev._aside = ev._aside, None
             if aside:
-                index.kv_q.put_back(aside)
+                ev.kv_q.put_back(aside)
 
 
-class EvictingAllocator:
-    """Victim choice and allocation with eviction, mixed into the prefix index."""
+class LowestFirst:
+    """The default victim chooser: the lower of the two queues' tops (priorities of both
+    kinds are on one scale)."""
 
-    # Provided by the index (see PrefixIndex.__init__).
-    arena: Any
-    eviction: str
-    kv_q: Any
-    snap_q: Any
-    marconi_alpha: float
-    marconi_window: int
-    _marconi_ranked: list
-    _registered: list[int]
-    _held_runs: set
-    _pinned: set[int]
-    _pinned_stale: bool
-    _ppb: int
-    _aside: list | None
-    _batch: SlotBatch
-    evict_kv: Callable[[Node], None]
-    evict_snapshot: Callable[..., int]
+    def __init__(self, kv_q: Any, snap_q: Any) -> None:
+        self.kv_q, self.snap_q = kv_q, snap_q
 
-    def _init_eviction(self) -> None:
-        """Settings read on every victim choice, fixed once the index is built."""
-        self._marconi = self.eviction == "marconi"
-        # A slot needs an empty block: with several pages per block, only KV in slabs
-        # that no request pins can help (see alloc_slot).
-        self._slot_pred = self._in_unpinned_slab if self.arena.layout.pages_per_block > 1 else None
-
-    def _marconi_next(self, pred: PagesPred | None) -> tuple[str, Node] | None:
-        """Next entry of the cached Marconi ranking that is still evictable (and, for KV,
-        satisfies ``pred``), re-ranking once when the ranking is used up. Entries skipped
-        for ``pred`` keep their place at the low end of the ranking."""
-        for attempt in range(2):
-            ranking, skipped, found = self._marconi_ranked, [], None
-            while ranking:
-                kind, node = ranking.pop()
-                q = self.kv_q if kind == "kv" else self.snap_q
-                if node not in q.eff:  # type: ignore[attr-defined]
-                    continue
-                if pred is not None and kind == "kv" and not pred(node.pages):
-                    skipped.append((kind, node))
-                    continue
-                found = (kind, node)
-                break
-            ranking.extend(reversed(skipped))
-            if found is not None or attempt:
-                return found
-            ranked = marconi_ranking(
-                {"kv": self.kv_q, "state": self.snap_q},  # type: ignore[dict-item]
-                self.marconi_alpha,
-                self.marconi_window,
-            )
-            self._marconi_ranked = ranked[::-1]  # pop() from the end = lowest utility
-        return None
-
-    def _choose(self, pred: PagesPred | None, aside: list) -> tuple[str, Node] | None:
+    def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, UnitHandle] | None:
         """The lowest-ranked evictable entry; KV entries must satisfy ``pred`` if given
-        (see :meth:`EvictionQueue.first` for ``aside``)."""
-        if self._marconi:
-            # Marconi ranks a bounded window of candidates: if none of its KV candidates
-            # is in an unpinned slab, take its best entry rather than stall.
-            got = self._marconi_next(pred)
-            return got if got is not None or pred is None else self._marconi_next(None)
+        (see :meth:`EvictionQueue.first <hybridcache.policy.EvictionQueue.first>` for ``aside``)."""
         b = self.snap_q.peek()
         top = self.kv_q.peek_priority()
         if top is not None and (b is None or top <= b[0]):
@@ -126,49 +76,79 @@ class EvictingAllocator:
             # top). The victim's handle is made only now that KV may win.
             a = self.kv_q.peek() if pred is None else self.kv_q.first(pred, aside)
             if a is not None and (b is None or a[0] <= b[0]):
-                return "kv", a[1]  # type: ignore[return-value]
-        return None if b is None else ("state", b[1])  # type: ignore[return-value]
+                return "kv", a[1]
+        return None if b is None else ("state", b[1])
 
-    def _in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
+
+class Evictor:
+    """Chooses victims and allocates pages and slots with eviction (module docstring).
+
+    Args:
+        index: removes the victims and keeps the slab counts (see module docstring).
+        arena: the memory the victims free.
+        parts: the eviction policy's queues and chooser.
+    """
+
+    def __init__(self, index: PrefixIndex, arena: Arena, parts: PolicyParts) -> None:
+        self._index = index
+        self._evict_kv = index.evict_kv
+        self._evict_snapshot = index.evict_snapshot
+        self.arena = arena
+        self.kv_q = parts.kv_queue
+        self.snap_q = parts.snapshot_queue
+        self.chooser = (parts.chooser or LowestFirst)(self.kv_q, self.snap_q)
+        #: Blocks holding a page of a held run prefix, worked out when a slot allocation
+        #: asks and ``pinned_stale`` (set by the index whenever holds change).
+        self.pinned: set[int] = set()
+        self.pinned_stale = True
+        self._ppb = max(arena.layout.pages_per_block, 1)
+        self._aside: list | None = None  # set while a slot_batch is open
+        self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
+        # A slot needs an empty block: with several pages per block, only KV in slabs
+        # that no request pins can help (see alloc_slot).
+        self._slot_pred = self.in_unpinned_slab if arena.layout.pages_per_block > 1 else None
+
+    def in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
         holds only evictable pages (no running request's page, cached or private)."""
-        if self._pinned_stale:
-            self._find_pinned()
-        pinned, reg, used, ppb = self._pinned, self._registered, self.arena.used_per_block, self._ppb
+        if self.pinned_stale:
+            self.find_pinned()
+        index = self._index
+        pinned, reg, used, ppb = self.pinned, index._registered, self.arena.used_per_block, self._ppb
         for p in pages:
             b = p // ppb
             if reg[b] == used[b] and b not in pinned:  # no private page, no held one
                 return True
         return False
 
-    def _find_pinned(self) -> None:
+    def find_pinned(self) -> None:
         """The blocks that hold a page of a held run prefix (worked out once per change of
         the holds that a slot allocation sees: a few runs, one step per block segment)."""
         pinned: set[int] = set()
-        for run in self._held_runs:
+        for run in self._index._held_runs:
             held = run.held
             for starts, blocks in run.segs:
                 pinned.update(blocks[: bisect_left(starts, held)])
-        self._pinned = pinned
-        self._pinned_stale = False
+        self.pinned = pinned
+        self.pinned_stale = False
 
     def evict_one(self) -> bool:
         """Evict the lowest-ranked entry of either kind (what freeing a page needs); returns
         False when nothing is evictable."""
-        choice = self._choose(None, [])  # no predicate: nothing is set aside
+        choice = self.chooser.choose(None, [])  # no predicate: nothing is set aside
         if choice is None:
             return False
         self._drop(*choice, keep_slot=False)
         return True
 
-    def _drop(self, kind: str, node: Node, keep_slot: bool) -> int:
+    def _drop(self, kind: str, node: UnitHandle, keep_slot: bool) -> int:
         """Evict a chosen victim; returns its slot when ``keep_slot`` and it is a snapshot
         (handed over to the caller, not freed), else -1."""
         if kind == "state":
             self.snap_q.evicted(node)  # a GreedyDual victim ages the clock
-            return self.evict_snapshot(node, keep_slot)
+            return self._evict_snapshot(node, keep_slot)
         self.kv_q.evicted(node)
-        self.evict_kv(node)
+        self._evict_kv(node)
         return -1
 
     def alloc_page(self) -> int | None:
@@ -200,9 +180,9 @@ class EvictingAllocator:
         batch = self._aside is not None
         aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:
-            arena = self.arena
+            arena, choose = self.arena, self.chooser.choose
             while s is None:
-                choice = self._choose(pred, aside)
+                choice = choose(pred, aside)
                 if choice is None:
                     return None
                 got = self._drop(*choice, keep_slot=True)

@@ -9,7 +9,7 @@ separately (SGLang's separate KV/state locks and LRU lists):
   the first unit of every run to the run. A walk enters every run at its first unit, so
   no other unit needs an entry (see :meth:`PrefixIndex.kv_path`). A run's holds count the
   running requests whose block tables use its pages; only unheld units can lose their KV.
-- A :class:`Node` is a handle on one unit, made on demand: every snapshot has one (its
+- A :class:`UnitHandle` is a handle on one unit, made on demand: every snapshot has one (its
   ``snap_ref`` counts pending restores, a copy plan that reads the snapshot and has not run
   yet; only snapshots with ``snap_ref == 0`` can be evicted), and so does a KV unit that
   someone asked for. Registering a request's new units makes no per-unit object and no
@@ -26,27 +26,29 @@ Choosing victims and allocating under pressure is :mod:`hybridcache.eviction`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from hybridcache.arena import Arena
-from hybridcache.eviction import EvictingAllocator, SlotBatch
-from hybridcache.policy import Clock, EvictionQueue, LRUQueue, MarconiQueue, ValueQueue
+from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
+from hybridcache.eviction import Evictor
+from hybridcache.policies import PolicySettings, build_policy
+from hybridcache.policy import EvictionQueue
 from hybridcache.runs import (
     Hold,
     Run,
-    RunValueQueue,
     pop_tail,
     shift_blocks,
     split,
     truncate_holds,
 )
+from hybridcache.unit_view import UnitView
 
-__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitView", "truncate_holds"]
+__all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
 
 Digest = bytes
 
 
-class Node:
+class UnitHandle:
     """A handle on one hash unit of one cached prefix, made on demand (module docstring).
 
     It carries the unit's snapshot, if any (the state after the unit's last token), and
@@ -99,58 +101,21 @@ class Node:
         return 0 if run is None else run.hit_count(self.depth - run.first)
 
     def __repr__(self) -> str:
-        return f"Node(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
+        return f"UnitHandle(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
 
 
-class UnitView(Mapping[Digest, Node]):
-    """Read-only ``digest -> Node`` over every cached unit (with KV, a snapshot or both).
-
-    For inspection and tests: the index maps only runs' first units, so looking up any
-    other unit scans the runs, and a KV unit looked up gets its handle (kept, so the same
-    unit always gives the same node). Hot paths use :meth:`PrefixIndex.kv_path` and
-    :attr:`PrefixIndex.handles`.
-    """
-
-    def __init__(self, index: PrefixIndex) -> None:
-        self._index = index
-
-    def _find(self, digest: object) -> tuple[Run, int] | None:
-        for run in self._index.heads.values():
-            if digest in run.digests:
-                return run, run.digests.index(digest)  # type: ignore[arg-type]
-        return None
-
-    def __getitem__(self, digest: Digest) -> Node:
-        index = self._index
-        node = index.handles.get(digest)
-        if node is not None:
-            return node
-        found = self._find(digest)
-        if found is None:
-            raise KeyError(digest)
-        return index.handle(*found)
-
-    def __contains__(self, digest: object) -> bool:
-        return digest in self._index.handles or self._find(digest) is not None
-
-    def __iter__(self) -> Iterator[Digest]:
-        index = self._index
-        for run in index.heads.values():
-            yield from run.digests
-        yield from index.bare
-
-    def __len__(self) -> int:
-        index = self._index
-        return sum(len(run) for run in index.heads.values()) + len(index.bare)
+#: The former name of :class:`UnitHandle` (there is no tree of nodes), kept for code written
+#: against it.
+Node = UnitHandle
 
 
-def _snap_evictable(node: Node) -> bool:  # type: ignore[misc]
+def _snap_evictable(node: UnitHandle) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
 
 
-class PrefixIndex(EvictingAllocator):
-    """Digest -> run (KV) and handle (snapshot), the two eviction queues and the arena they
-    draw from."""
+class PrefixIndex:
+    """Digest -> run (KV) and handle (snapshot); victims are chosen, and pages and slots
+    allocated under pressure, by its :class:`~hybridcache.eviction.Evictor`."""
 
     def __init__(
         self,
@@ -159,7 +124,7 @@ class PrefixIndex(EvictingAllocator):
         flops_per_byte_scale: float,
         marconi_alpha: float = 1.0,
         marconi_window: int = 64,
-        on_evict: Callable[[str, Node, int], None] | None = None,
+        on_evict: Callable[[str, UnitHandle, int], None] | None = None,
     ) -> None:
         self.arena = arena
         #: The first unit of every run -> the run. A walk enters every run at its first
@@ -171,58 +136,76 @@ class PrefixIndex(EvictingAllocator):
         #: handle stays while its unit has KV, also after its snapshot is evicted: it keeps
         #: the unit's snapshot hits, which rank a snapshot registered there again (dropping
         #: them cost 0.008 of hit rate on the demo at 1 GiB).
-        self.handles: dict[Digest, Node] = {}
+        self.handles: dict[Digest, UnitHandle] = {}
         #: The handles without KV (snapshot only), checked when units are registered.
-        self.bare: dict[Digest, Node] = {}
-        #: Every unit as a ``digest -> Node`` mapping (see :class:`UnitView`).
+        self.bare: dict[Digest, UnitHandle] = {}
+        #: Every unit as a ``digest -> UnitHandle`` mapping (see :class:`UnitView`).
         self.nodes = UnitView(self)
         # Bumped whenever an entry is registered or evicted: a walk with an equal version
         # would see exactly the same units, so callers may reuse it.
         self.version = 0
         self.eviction = eviction
-        # For slot allocation (eviction.py): registered KV pages per block, and the runs
-        # that requests hold (their held prefixes pin blocks). Pinned blocks are worked out
-        # only when a slot allocation asks, not on every hold and release.
+        # For slot allocation (eviction.py): registered KV pages per block (invariant: the
+        # pages of every run, counted per block), and the runs that requests hold
+        # (invariant: exactly the runs with ``held > 0``; their held prefixes pin blocks).
         self._registered = [0] * arena.layout.num_blocks
         self._held_runs: set[Run] = set()
-        self._pinned: set[int] = set()
-        self._pinned_stale = True
         self._ppb = max(arena.layout.pages_per_block, 1)
-        self._marconi_ranked: list[tuple[str, Node]] = []
-        self.marconi_alpha = marconi_alpha
-        self.marconi_window = marconi_window
         self.on_evict = on_evict
-        self._aside: list | None = None  # set while a slot_batch is open
-        self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
+        #: Events appended while calls run, taken out by the engine (hybridcache.events);
+        #: ``None``: not recorded.
+        self.events: list[CacheEvent] | None = None
+        lay = arena.layout
+        self._kv_groups = tuple(lay.page_payload)
+        self.kv_groups = len(self._kv_groups)  # pages per KV unit
+        self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
+        #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
         self.tenant_bytes: dict[str | None, int] = {}
+        #: Counts that size an allocation before it takes anything (hybridcache.room):
+        #: registered KV units (invariant: ``sum(len(run))``; the held ones are summed
+        #: over ``_held_runs`` when needed), registered snapshots and those of them with
+        #: ``snap_ref > 0``.
+        self.kv_units = 0
+        self.snapshots = 0
+        self.pinned_snapshots = 0
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
         lay = arena.layout
         self.node_kv_bytes = lay.page_bytes * len(lay.page_payload)
         self.snap_bytes = lay.slot_bytes
-        if eviction == "lru":
-            self.kv_q: EvictionQueue = LRUQueue()
-            self.snap_q: EvictionQueue = LRUQueue()
-        elif eviction == "value":
-            clock = Clock()
-            self.kv_q = RunValueQueue(clock, flops_per_byte_scale, self.node_kv_bytes)  # type: ignore[assignment]
-            self.snap_q = ValueQueue(clock, flops_per_byte_scale, _snap_evictable)
-        else:
-            self.kv_q = MarconiQueue()
-            self.snap_q = MarconiQueue()
+        settings = PolicySettings(
+            flops_per_byte_scale, self.node_kv_bytes, _snap_evictable, marconi_alpha, marconi_window
+        )
+        #: Chooses victims and allocates with eviction (the policy's queues, the arena).
+        self.evictor = ev = Evictor(self, arena, build_policy(eviction, settings))
+        self.kv_q: EvictionQueue = ev.kv_q
+        self.snap_q: EvictionQueue = ev.snap_q
         self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
-        self._init_eviction()
+        # Allocation with eviction is the evictor's; bound here for the index's callers.
+        self.alloc_page = ev.alloc_page
+        self.alloc_pages = ev.alloc_pages
+        self.alloc_slot = ev.alloc_slot
+        self.slot_batch = ev.slot_batch
+        self.evict_one = ev.evict_one
+        self.clear = ev.clear
+        self._in_unpinned_slab = ev.in_unpinned_slab
+
+    def check_invariants(self) -> None:
+        """Recount the invariants written at the fields above (:mod:`hybridcache.invariants`)."""
+        from hybridcache.invariants import check_index
+
+        check_index(self)
 
     # ------------------------------------------------------------------ units
-    def handle(self, run: Run, pos: int) -> Node:
+    def handle(self, run: Run, pos: int) -> UnitHandle:
         """The handle of the unit at ``pos`` of ``run`` (made and kept on first use)."""
         d = run.digests[pos]
         node = self.handles.get(d)
         if node is None:
-            node = self.handles[d] = Node(d, run.first + pos, run.tenant, run)
+            node = self.handles[d] = UnitHandle(d, run.first + pos, run.tenant, run)
         return node
 
-    def unit(self, digests: Sequence[Digest], u: int) -> Node | None:
+    def unit(self, digests: Sequence[Digest], u: int) -> UnitHandle | None:
         """The handle of unit ``u`` of a chain (``None`` if it has neither KV nor a snapshot)."""
         node = self.handles.get(digests[u])
         if node is not None:
@@ -272,7 +255,7 @@ class PrefixIndex(EvictingAllocator):
                 run.held = end
                 if not old:
                     self._held_runs.add(run)
-                self._pinned_stale = True
+                self.evictor.pinned_stale = True
                 q.hold_range(run, old, end)
 
     def release_runs(self, holds: Sequence[Hold], tick: int) -> None:
@@ -297,7 +280,7 @@ class PrefixIndex(EvictingAllocator):
             run.held = new
             if not new:
                 self._held_runs.discard(run)
-            self._pinned_stale = True
+            self.evictor.pinned_stale = True
             q.release_range(run, new, end, tick, self.node_kv_bytes)
 
     def count_hits(self, holds: Sequence[Hold]) -> None:
@@ -305,17 +288,20 @@ class PrefixIndex(EvictingAllocator):
         for run, end in holds:
             run.hits[end] = run.hits.get(end, 0) + 1
 
-    def pin_snapshot(self, node: Node) -> None:
+    def pin_snapshot(self, node: UnitHandle) -> None:
         """A copy plan will read ``node``'s snapshot: keep it until :meth:`unpin_snapshot`."""
         if node.snap_ref == 0:
             self.snap_q.hold(node)
+            if node.snap >= 0:
+                self.pinned_snapshots += 1
         node.snap_ref += 1
 
-    def unpin_snapshot(self, node: Node, tick: int) -> None:
+    def unpin_snapshot(self, node: UnitHandle, tick: int) -> None:
         node.snap_ref -= 1
         if node.snap_ref < 0:
             raise AssertionError(f"negative snap_ref on {node}")
         if node.snap_ref == 0 and node.snap >= 0:
+            self.pinned_snapshots -= 1
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
     # ------------------------------------------------------------------ registering
@@ -370,6 +356,7 @@ class PrefixIndex(EvictingAllocator):
             run = Run(flops, len(tables), first, tenant)
         self.version += 1
         n = len(ds)
+        self.kv_units += n
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * n
         stop = first + n
         per_group = [
@@ -377,6 +364,11 @@ class PrefixIndex(EvictingAllocator):
             for t in tables
         ]
         run.extend(ds, per_group, self._ppb)
+        if self.events is not None:
+            self.events.append(CacheEvent(
+                STORED, "kv", DEVICE, tuple(ds), first, self._kv_groups, tenant,
+                tuple(zip(*per_group)), flops,
+            ))
         if fresh:
             heads[ds[0]] = run
         bare = self.bare
@@ -397,7 +389,7 @@ class PrefixIndex(EvictingAllocator):
         run.held = len(run.digests)
         h[run.held] = h.get(run.held, 0) + 1
         self._held_runs.add(run)
-        self._pinned_stale = True
+        self.evictor.pinned_stale = True
         return (run, run.held), n
 
     @staticmethod
@@ -415,7 +407,7 @@ class PrefixIndex(EvictingAllocator):
             return None
         return run
 
-    def register_snapshot(self, node: Node, slot: int, flops: float, tick: int) -> None:
+    def register_snapshot(self, node: UnitHandle, slot: int, flops: float, tick: int) -> None:
         """Make ``slot`` the cached snapshot at the end of ``node``'s unit (evictable now).
 
         ``node`` is the unit's handle (:meth:`handle`, :meth:`unit`)."""
@@ -424,18 +416,25 @@ class PrefixIndex(EvictingAllocator):
         assert self.handles.get(node.digest) is node, "register_snapshot on a foreign handle"
         node.snap = slot
         node.snap_flops = flops
+        self.snapshots += 1
+        self.pinned_snapshots += node.snap_ref > 0
+        if self.events is not None:
+            self.events.append(CacheEvent(
+                STORED, "state", DEVICE, (node.digest,), node.depth, self._state_groups,
+                node.tenant, (slot,), flops,
+            ))
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
 
-    def demote_snapshot(self, node: Node) -> None:
+    def demote_snapshot(self, node: UnitHandle) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
         floors = [f for f in (self.kv_q.floor(), self.snap_q.floor()) if f is not None]
         if floors:
             self.snap_q.demote(node, min(floors))
 
     # ------------------------------------------------------------------ eviction
-    def evict_kv(self, node: Node) -> None:
+    def evict_kv(self, node: UnitHandle) -> None:
         """Drop ``node``'s KV pages (it must be unreferenced)."""
         self.version += 1
         run = node.run
@@ -443,6 +442,7 @@ class PrefixIndex(EvictingAllocator):
         pos = node.depth - run.first
         assert pos >= run.held
         self.kv_q.discard(node)
+        self.kv_units -= 1
         reg, ppb, free_page = self._registered, self._ppb, self.arena.free_page
         for pages in run.pages:
             p = pages[pos]
@@ -472,7 +472,7 @@ class PrefixIndex(EvictingAllocator):
         else:
             self.bare[node.digest] = node
 
-    def evict_snapshot(self, node: Node, keep_slot: bool = False) -> int:
+    def evict_snapshot(self, node: UnitHandle, keep_slot: bool = False) -> int:
         """Drop ``node``'s snapshot (it must be unpinned).
 
         Args:
@@ -486,6 +486,7 @@ class PrefixIndex(EvictingAllocator):
         slot = node.snap
         assert node.snap_ref == 0 and slot >= 0
         self.snap_q.discard(node)
+        self.snapshots -= 1
         if not keep_slot:
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
@@ -496,7 +497,7 @@ class PrefixIndex(EvictingAllocator):
 
         return slot if keep_slot else -1
 
-    def _account(self, kind: str, node: Node, nbytes: int) -> None:
+    def _account(self, kind: str, node: UnitHandle, nbytes: int) -> None:
         """Count an eviction and call ``on_evict(kind, node, nbytes)``.
 
         The hook runs after the arena freed the entry and before the index forgets it:
@@ -509,6 +510,14 @@ class PrefixIndex(EvictingAllocator):
         left = self.tenant_bytes.pop(node.tenant, 0) - nbytes  # 0-byte KV: models without attention
         if left:  # a tenant with nothing cached is dropped: ids must not pile up
             self.tenant_bytes[node.tenant] = left
+        if self.events is not None:
+            kv = kind == "kv"
+            self.events.append(CacheEvent(
+                REMOVED, kind, DEVICE, (node.digest,), node.depth,
+                self._kv_groups if kv else self._state_groups, node.tenant,
+                (node.pages,) if kv else (node.snap,),
+                node.kv_flops if kv else node.snap_flops, node.kv_hits if kv else node.snap_hits,
+            ))
         if self.on_evict is not None:
             self.on_evict(kind, node, nbytes)
 
@@ -560,7 +569,7 @@ class PrefixIndex(EvictingAllocator):
             i += m
         return i, holds
 
-    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, Node | None]:
+    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, UnitHandle | None]:
         """``(end, node)``: the deepest of the chain's first ``units`` units with a snapshot
         (``(0, None)`` if none has one)."""
         get = self.handles.get
@@ -570,7 +579,7 @@ class PrefixIndex(EvictingAllocator):
                 return u + 1, node
         return 0, None
 
-    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, Node | None]:
+    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, UnitHandle | None]:
         """Longest KV run and deepest snapshot on it.
 
         Returns:

@@ -28,14 +28,17 @@ from dataclasses import replace
 import numpy as np
 
 from hybridcache import validation
+from hybridcache.admission import AdmissionPolicy, admission_points
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
-from hybridcache.index import Node, PrefixIndex
+from hybridcache.index import PrefixIndex, UnitHandle
+from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
-from hybridcache.policy import AdmissionPolicy, check_eviction_name
-from hybridcache.requests import Request, admission_points
+from hybridcache.policy import check_eviction_name
+from hybridcache.requests import Request
+from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import ModelSpec
@@ -51,6 +54,13 @@ class _Undo:
     def __init__(self) -> None:
         self.pages: list[int] = []
         self.slots: list[int] = []
+
+
+#: A request's match as its first allocation applies it: ``(kv_units, units, holds,
+#: restore)``, where ``units`` is the usable hit (KV units with a snapshot at the end, for
+#: models with state), ``holds`` cover it and ``restore`` is the snapshot to copy from.
+#: A plain tuple: made on every first allocation.
+_Hit = tuple[int, int, list[Hold], "UnitHandle | None"]
 
 
 class HybridCacheManager(SavePointControl):
@@ -77,6 +87,7 @@ class HybridCacheManager(SavePointControl):
             self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
         )
         self.metrics = CacheMetrics()
+        self._fits = Room(self.index).fits  # count, then take (hybridcache.room)
         self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
         # A snapshot saves nothing without the KV pages below it: never worth more per byte
         # than a KV page, so eviction does not keep snapshots whose prefix it drops.
@@ -152,7 +163,7 @@ class HybridCacheManager(SavePointControl):
         hit = snap_units if self.has_state else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
-    def _walk(self, req: Request) -> tuple[int, int, Node | None, list[Hold]]:
+    def _walk(self, req: Request) -> tuple[int, int, UnitHandle | None, list[Hold]]:
         """The index walk for ``req``, reused while neither the index nor the request changed.
 
         ``add_request`` matches and the first ``allocate`` applies the match, usually with
@@ -212,22 +223,39 @@ class HybridCacheManager(SavePointControl):
                 "allocated tokens before allocating more"
             )
         first = not req.allocated
-        start = self._begin(req) if first else req.num_allocated
+        hit = self._hit(req) if first else None
+        start = hit[1] * self.unit if hit is not None else req.num_allocated
         end = start + num_new_tokens
         if end > self.spec.max_model_len:
-            self._rollback_first(req) if first else None
             raise InvalidRequestError(
                 f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
             )
+        # Count, then take: a refused step changes nothing (hybridcache.room).
+        page_units = -(-end // self.unit) - (hit[1] if hit is not None else req.units_allocated)
+        slots = (first + num_draft) if self.has_state else 0
+        if page_units < 0:
+            page_units = 0
+        if hit is None:
+            room = self._fits(page_units, slots)
+        else:
+            room = self._fits(page_units, slots, hit[2], hit[3])
+        if not room:
+            raise OutOfSpaceError(
+                f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
+                "slots do not fit, even after evicting every cached entry no request holds"
+            )
+        if hit is not None:
+            self._begin(req, hit)
         undo = _Undo()
         try:
+            # Slots before pages, the order the room was counted in.
             copies = self._first_slot(req, undo) if first else _NO_COPIES
-            new_pages = self._alloc_pages(req, end, undo)
             drafts: tuple[int, ...] = ()
             if num_draft and self.has_state:
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
-        except OutOfSpaceError:
+            new_pages = self._alloc_pages(req, end, undo)
+        except OutOfSpaceError:  # pragma: no cover - the count above rules it out
             for p in undo.pages:
                 self.arena.free_page(p)
             for s in undo.slots:
@@ -255,12 +283,17 @@ class HybridCacheManager(SavePointControl):
             hit_tokens=req.hit_tokens,
         )
 
-    def _begin(self, req: Request) -> int:
+    def _hit(self, req: Request) -> _Hit:
+        """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
+        kv_units, snap_units, snap_node, holds = self._walk(req)
+        if self.has_state:
+            return (kv_units, snap_units, truncate_holds(holds, snap_units), snap_node if snap_units else None)
+        return (kv_units, kv_units, truncate_holds(holds, kv_units), None)
+
+    def _begin(self, req: Request, hit: _Hit) -> int:
         """First allocation: apply the match and hold its pages and snapshot."""
         self.tick += 1
-        kv_units, snap_units, snap_node, holds = self._walk(req)
-        hit_units = snap_units if self.has_state else kv_units
-        holds = truncate_holds(holds, hit_units)
+        kv_units, hit_units, holds, restore = hit
         self.index.hold_runs(holds)
         req.units = hit_units
         req.hit_holds = holds
@@ -269,7 +302,7 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
-        req.restore = snap_node if (self.has_state and hit_units) else None
+        req.restore = restore
         if req.restore is not None:
             self.index.pin_snapshot(req.restore)
         req.allocated = True
@@ -600,6 +633,10 @@ class HybridCacheManager(SavePointControl):
         m.evicted_bytes_kv = self.index.evicted_bytes["kv"]
         m.evicted_bytes_state = self.index.evicted_bytes["state"]
         return m
+
+    def check_invariants(self) -> None:
+        """Recount the manager's, index's and arena's invariants (:mod:`hybridcache.invariants`)."""
+        check_manager(self)
 
     def cached_snapshot_slots(self) -> set[int]:
         return {n.snap for n in self.index.handles.values() if n.snap >= 0}

@@ -1,4 +1,5 @@
-"""Per-request bookkeeping of the manager, and where admission wants snapshots.
+"""Per-request bookkeeping of the manager (where admission wants snapshots is
+:mod:`hybridcache.admission`).
 
 Kept apart from :mod:`hybridcache.manager` so that the manager reads as the algorithm and
 this file as the data it walks over.
@@ -9,8 +10,7 @@ from __future__ import annotations
 import bisect
 
 from hybridcache.hashing import TokenHasher
-from hybridcache.index import Node
-from hybridcache.policy import AdmissionPolicy
+from hybridcache.index import UnitHandle
 from hybridcache.runs import Run
 
 
@@ -51,14 +51,14 @@ class Request:
         self.rolling_slot = -1
         self.rolling_boundary = -1
         self.pending_rolling: tuple[int, int] | None = None
-        self.restore: Node | None = None
+        self.restore: UnitHandle | None = None
         self.hit_tokens = 0
         self.kv_hit_tokens = 0
         self.num_computed = 0
         self.num_allocated = 0
         self.step_start = 0
         self.snap_marks: list[int] = []
-        self.walk: tuple[tuple[int, int], tuple[int, int, Node | None, list]] | None = None
+        self.walk: tuple[tuple[int, int], tuple[int, int, UnitHandle | None, list]] | None = None
         # Run holds (see hybridcache.runs) covering units ``[0, units)``, released at free; the first
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []
@@ -81,33 +81,5 @@ class Request:
         return best
 
 
-def admission_points(
-    policy: AdmissionPolicy, req: Request, start: int, end: int, unit: int
-) -> list[tuple[int, bool]]:
-    """Boundaries in ``(start, end]`` where ``policy`` wants a snapshot.
-
-    Returns:
-        ``(boundary, rolling)`` pairs in increasing order. ``rolling`` marks the turn-end
-        save, which the engine overwrites at every boundary it passes while decoding and
-        which is registered only when the request finishes.
-    """
-    p = req.prompt_len
-    last_in_prompt = (p - 1) // unit * unit
-    wanted: list[int] = []
-    if policy.last_token:
-        wanted.append(last_in_prompt)
-    if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
-        wanted.append(min(req.kv_hit_tokens, last_in_prompt))
-    if policy.interval:
-        n = policy.interval
-        wanted += range((start // n + 1) * n, end + 1, n)
-    if policy.chunk_end and end <= p:
-        wanted.append(end // unit * unit)
-    if len(wanted) > 1:
-        wanted = sorted(set(wanted))
-    out = [(b, False) for b in wanted if start < b <= end and b > 0]
-    if policy.turn_end and end > p:
-        b = end // unit * unit
-        if b > start and b > last_in_prompt:
-            out.append((b, True))
-    return out
+# Moved to hybridcache.admission; the old import path keeps working.
+from hybridcache.admission import admission_points  # noqa: E402, F401

@@ -12,7 +12,7 @@ digests are chained, any path from the first unit that reaches ``R[j]`` passes t
   segments (one step per block) when a slot allocation asks.
 - **Value ranking.** A unit's hits and last release only grow towards the head of its run
   (whoever used ``R[j]`` used ``R[0..j)`` too), so the tail is always a run's lowest-ranked
-  unit. :class:`RunValueQueue` queues one entry per run, its tail; evicting it exposes the
+  unit. :class:`~hybridcache.policies.value.RunValueQueue` queues one entry per run, its tail; evicting it exposes the
   next tail. Hits and release times are stored per hold end, and a unit's values are read
   from the ends past it.
 - **Eviction** only removes unpinned units, at or past ``held``: taking the tail shortens
@@ -23,20 +23,17 @@ digests are chained, any path from the first unit that reaches ``R[j]`` passes t
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from hybridcache.policy import Clock
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from collections.abc import Sequence
 
-    from hybridcache.index import Node
+    from hybridcache.index import UnitHandle
 
 #: Makes (or finds) the handle of the unit at a position of a run (``PrefixIndex.handle``).
-UnitOf = Callable[["Run", int], "Node"]
+UnitOf = Callable[["Run", int], "UnitHandle"]
 #: A victim filter on a unit's pages, one per attention group.
 PagesPred = Callable[[tuple[int, ...]], bool]
 
@@ -228,204 +225,6 @@ def split(run: Run, j: int, ppb: int) -> Run | None:
     return tail
 
 
-class RunValueQueue:
-    """GreedyDual-Size-Frequency over KV units, one heap entry per run (its tail).
-
-    Priority of a unit = ``base + max(hits, 1) * flops / bytes`` in the same units as
-    :class:`~hybridcache.policy.ValueQueue` (which ranks the snapshots on the shared
-    :class:`~hybridcache.policy.Clock`), where ``base`` is the clock when the unit last
-    became evictable. A run's tail has the lowest priority of the run (module docstring),
-    so the heap holds tails only. Entries are lazy: :meth:`touch` pushes a fresh entry when
-    a tail's priority may have changed, and stale or pinned ones are dropped at the top.
-    """
-
-    #: The index's handle maker, set by the index as on every queue: only the victims that
-    #: :meth:`peek` and :meth:`first` return get a handle, not every queued unit.
-    unit: UnitOf
-
-    def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
-        """Args:
-            clock: the aging clock shared with the snapshot queue.
-            scale: FLOPs per byte of one priority unit.
-            nbytes: bytes of one KV unit.
-        """
-        self._clock = clock
-        self._per = 1.0 / (nbytes or 1) / scale
-        # (priority, release number, entry id, run): equal priorities go in release order
-        # (a run's units released together drain tail first, before later releases).
-        self._heap: list[tuple[float, int, int, Run]] = []
-        self._seq = 0
-        self._order = 0
-        # During a slot allocation (first() with a predicate): for each run set aside, its
-        # deepest unpinned unit that satisfies the predicate, (priority, order, entry id,
-        # position, digest, run). Dropped by put_back().
-        self._cands: list[tuple[float, int, int, int, bytes, Run]] = []
-        self._rescan: list[Run] = []  # runs that lost an offered unit: offer the next one
-        self._live = 0  # runs with a current entry (qseq != 0)
-
-    # ----------------------------------------------------- run events (EvictionQueue API)
-    def on_release(self, run: Run, end: int) -> None:
-        """A hold ending at ``end`` was released: units below it were used until now."""
-        self._order += 1
-        run.rel[end] = (self._clock.value, self._order)
-
-    def hold_range(self, run: Run, lo: int, hi: int) -> None:
-        """Pinned tails are dropped lazily at the top."""
-
-    def release_range(self, run: Run, lo: int, hi: int, tick: int, nbytes: int) -> None:
-        self.touch(run)
-
-    def run_changed(self, run: Run) -> None:
-        self.touch(run)
-
-    # ----------------------------------------------------------------- ranking
-    def _base(self, run: Run, pos: int) -> tuple[float, int]:
-        """``(priority base, release number)`` of the unit at ``pos``: its last release."""
-        if pos == len(run.digests) - 1:  # the tail: ends never pass the run's length
-            return run.rel.get(pos + 1, (self._clock.value, 0))
-        return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
-
-    def _value(self, base: float, hits: int, flops: float) -> float:
-        return base + (hits if hits > 1 else 1) * flops * self._per
-
-    def priority(self, node: Node) -> float:
-        """Current priority of any KV unit (the queue itself only ranks tails)."""
-        run = node.run
-        assert run is not None, "priority of a node without KV"
-        return self.unit_priority(run, node.depth - run.first)
-
-    def unit_priority(self, run: Run, pos: int) -> float:
-        """:meth:`priority` of the unit at ``pos`` of ``run``."""
-        return self._value(self._base(run, pos)[0], run.hit_count(pos), run.flops)
-
-    def touch(self, run: Run) -> None:
-        """(Re)queue the run's tail at its current priority if it is evictable."""
-        n = len(run.digests)
-        if not n or run.held >= n:
-            return
-        base, order = self._base(run, n - 1)
-        prio = self._value(base, run.hits.get(n, 0), run.flops)
-        if run.qseq:
-            if prio == run.qprio:
-                return  # unchanged: keeps its place, as an unchanged per-unit entry would
-        else:
-            self._live += 1
-        self._seq += 1
-        run.qseq, run.qprio = self._seq, prio
-        heapq.heappush(self._heap, (prio, order, self._seq, run))
-        if len(self._heap) > 4 * self._live + 4096:
-            self._rebuild()
-
-    def _rebuild(self) -> None:
-        """Drop stale entries (every queued run has exactly one live entry)."""
-        self._heap = [e for e in self._heap if e[3].qseq == e[2]]
-        heapq.heapify(self._heap)
-
-    def _clean(self) -> None:
-        heap = self._heap
-        while heap:
-            _, _, seq, run = heap[0]
-            if run.qseq != seq:
-                heapq.heappop(heap)
-            elif run.held >= len(run.digests):
-                heapq.heappop(heap)
-                run.qseq = 0  # pinned tail: requeued by touch() on release
-                self._live -= 1
-            else:
-                return
-
-    def peek(self) -> tuple[float, Node] | None:
-        self._clean()
-        if not self._heap:
-            return None
-        prio, _, _, run = self._heap[0]
-        return prio, self.unit(run, len(run.digests) - 1)
-
-    def peek_priority(self) -> float | None:
-        """:meth:`peek`'s priority, without making the victim's handle."""
-        self._clean()
-        return self._heap[0][0] if self._heap else None
-
-    def first(self, pred: PagesPred, aside: list) -> tuple[float, Node] | None:
-        """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
-
-        A run set aside still offers its deepest unpinned unit that satisfies ``pred``
-        (the lowest-ranked such unit of the run: priorities grow towards the head), so a
-        slot allocation can empty a slab whose pages sit inside runs, as a per-unit queue
-        would let it; taking such a unit splits its run.
-        """
-        heap, cands = self._heap, self._cands
-        while True:
-            for run in self._rescan:
-                self._offer(run, pred, len(run.digests) - 1)
-            self._rescan.clear()
-            self._clean()
-            while cands and not self._valid_cand(cands[0]):
-                heapq.heappop(cands)
-            if cands and (not heap or cands[0][:2] <= heap[0][:2]):
-                c = cands[0]
-                return c[0], self.unit(c[5], c[3])
-            if not heap:
-                return None
-            prio, order, seq, run = heap[0]
-            tail = len(run.digests) - 1
-            if pred(run.unit_pages(tail)):
-                return prio, self.unit(run, tail)
-            aside.append(heapq.heappop(heap))
-            self._offer(run, pred, tail - 1)
-
-    def _offer(self, run: Run, pred: PagesPred, start: int) -> None:
-        """Offer the deepest unpinned unit at or above ``start`` that satisfies ``pred``."""
-        if not run.qseq:
-            return
-        for pos in range(start, run.held - 1, -1):
-            if pred(run.unit_pages(pos)):
-                prio = self.unit_priority(run, pos)
-                cand = (prio, self._base(run, pos)[1], run.qseq, pos, run.digests[pos], run)
-                heapq.heappush(self._cands, cand)
-                return
-
-    @staticmethod
-    def _valid_cand(cand: tuple[float, int, int, int, bytes, Run]) -> bool:
-        """The offered unit is still unpinned at its place (its run was not split or
-        shortened past it, nor requeued)."""
-        _, _, seq, pos, digest, run = cand
-        d = run.digests
-        return run.qseq == seq and run.held <= pos < len(d) and d[pos] == digest
-
-    def put_back(self, aside: list) -> None:
-        for entry in aside:
-            heapq.heappush(self._heap, entry)
-        aside.clear()
-        self._cands.clear()
-        self._rescan.clear()
-
-    def floor(self) -> float | None:
-        return self._clock.value if self._heap else None
-
-    def evicted(self, node: Node) -> None:
-        """``node`` (a queued tail, or a unit :meth:`first` offered) is being evicted: age
-        the clock to its priority."""
-        run = node.run
-        if run is not None and node.depth - run.first < len(run.digests) - 1:
-            prio = self.priority(node)
-            if prio > self._clock.value:
-                self._clock.value = prio
-            self._rescan.append(run)  # its units above the victim may be offered next
-            return
-        if run is not None and run.qseq:
-            if run.qprio > self._clock.value:
-                self._clock.value = run.qprio
-            run.qseq = 0
-            self._live -= 1
-
-    def discard(self, node: Node) -> None:
-        """No per-unit entry to drop: the index reports the run as changed after evicting."""
-
-    def __len__(self) -> int:
-        return self._live
-
-
 def hold_tables(holds: Sequence[Hold], groups: int) -> list[list[int]]:
     """Block tables, per attention group, of a walked path's units: the path crosses each
     run of ``holds`` from its first unit (:meth:`PrefixIndex.kv_path`), so the tables are
@@ -451,3 +250,12 @@ def truncate_holds(holds: Sequence[Hold], units: int) -> list[Hold]:
         out.append((run, end if end <= left else left))
         left -= end
     return out
+
+
+def __getattr__(name: str) -> Any:
+    """``RunValueQueue`` moved to :mod:`hybridcache.policies.value` (old imports keep working)."""
+    if name == "RunValueQueue":
+        from hybridcache.policies.value import RunValueQueue
+
+        return RunValueQueue
+    raise AttributeError(name)

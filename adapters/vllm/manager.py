@@ -43,10 +43,10 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
+from hybridcache.admission import admission_points
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.hashing import MultiModalItem
 from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
-from hybridcache.requests import admission_points
 from hybridcache.runs import hold_tables
 from hybridcache.spec import FlopModel
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from hybridcache.index import Hold, Node
+from hybridcache.index import Hold, UnitHandle
 from hybridcache.manager import HybridCacheManager
 from hybridcache.requests import Request
 from hybridcache.storage import ArenaStorage
@@ -78,7 +78,7 @@ class _Work:
     """Resources a prefetch holds until it registers them (or gives them back)."""
 
     held: list[Hold] = field(default_factory=list)  # device KV on the path, and new runs
-    pinned: list[Node] = field(default_factory=list)
+    pinned: list[UnitHandle] = field(default_factory=list)
     pages: dict[int, tuple[int, ...]] = field(default_factory=dict)  # unit -> private pages
     slot: int = -1  # reserved before the KV, so a full arena still fits a snapshot
     snap_loaded: bool = False
@@ -203,7 +203,7 @@ class OffloadCoordinator:
         self._host_hooks = []
 
     # ------------------------------------------------------------------ demotion
-    def _on_evict(self, kind: str, node: Node, nbytes: int) -> None:
+    def _on_evict(self, kind: str, node: UnitHandle, nbytes: int) -> None:
         if self._chained is not None:
             self._chained(kind, node, nbytes)
         try:
@@ -212,7 +212,7 @@ class OffloadCoordinator:
             self.metrics.demote_errors += 1
             self._warn("demote", exc)
 
-    def _demote(self, kind: str, node: Node) -> None:
+    def _demote(self, kind: str, node: UnitHandle) -> None:
         pol, met = self.policy, self.metrics
         if kind == "state":
             if not pol.snapshots:
@@ -246,7 +246,7 @@ class OffloadCoordinator:
         else:
             met.demoted_kv += 1
 
-    def _keep_kv(self, node: Node) -> bool:
+    def _keep_kv(self, node: UnitHandle) -> bool:
         """The KV half of the demotion rule (see :mod:`.offload_policy`)."""
         pol = self.policy
         if pol.kv == "all" or node.snap >= 0 or not self.manager.has_state:
@@ -391,7 +391,7 @@ class OffloadCoordinator:
         digests: list[bytes],
         target: int,
         probe: _Probe,
-        snap_node: Node | None,
+        snap_node: UnitHandle | None,
     ) -> None:
         """Keep the device part of the path from being evicted by our own allocations."""
         index = self.manager.index

@@ -7,9 +7,9 @@ checks that it raises the library's error (a :class:`HybridCacheError`, of the d
 class) and that :func:`tests.core.fingerprint.fingerprint` (stats, metrics, arena free
 lists, every request field, the index's dicts and queues) is what it was.
 
-Refused calls whose fix is the engine port's (count-then-take allocation: a refused first
+Refused calls whose fix is the engine port's count-then-take allocation (a refused first
 ``allocate`` must not refresh the hit's recency, ``OutOfSpaceError`` must evict nothing)
-are the ``xfail(strict=True)`` cases at the end.
+are the two cases at the end.
 """
 
 from __future__ import annotations
@@ -317,10 +317,7 @@ def test_every_refusal_is_a_library_error():
         assert issubclass(cls, HybridCacheError) and issubclass(cls, ValueError)
 
 
-# ---------------------------------------------------------------------- engine port
-PORT = pytest.mark.xfail(strict=True, reason="count-then-take lands with the engine port")
-
-
+# ---------------------------------------------------------------------- count, then take
 def _eviction_order(refuse: bool) -> list[tuple]:
     """What LRU evicts, one entry at a time, after an optional refused first allocate of a
     request that hits the oldest cached prefix."""
@@ -335,14 +332,12 @@ def _eviction_order(refuse: bool) -> list[tuple]:
     return order
 
 
-@PORT
 def test_refused_first_allocate_leaves_recency_unchanged():
     """A first ``allocate`` refused for length holds and releases the hit today, which
     makes the hit prefix the most recent: the refused call changes what is evicted."""
     assert _eviction_order(refuse=True) == _eviction_order(refuse=False)
 
 
-@PORT
 def test_out_of_space_evicts_nothing():
     """An allocation that cannot fit even after evicting every cached entry must evict
     nothing (today the allocator evicts as it goes, then finds it is short)."""

@@ -1,7 +1,8 @@
 """Stateful property test: random request streams against a brute-force oracle.
 
 The oracle keeps, as plain sets of token prefixes, every prefix whose KV or snapshot was
-committed and not yet evicted (evictions are reported by the index's ``on_evict`` hook).
+committed and not yet evicted (evictions come out of the engine port's event stream, taken
+after every call that can evict).
 Hit lengths are recomputed by brute force over those sets and must equal the manager's;
 after every step the structural invariants are checked.
 """
@@ -14,8 +15,11 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hybridcache.errors import OutOfSpaceError
+from hybridcache.events import REMOVED
 from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.port import EnginePort
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
+from tests.core.state_fingerprint import fingerprint
 
 UNIT = 4
 PIECES = [list(range(100 * k, 100 * k + n)) for k, n in enumerate([9, 13, 4, 7, 21, 3])]
@@ -66,12 +70,16 @@ class ManagerMachine(RuleBasedStateMachine):
         cfg = CacheConfig(hash_unit=UNIT, eviction=eviction, admission=admission)
         probe = HybridCacheManager(spec, 1 << 30, cfg)
         self.m = HybridCacheManager(spec, blocks * probe.layout.block_bytes, cfg)
-        self.m.index.on_evict = self._on_evict
+        self.port = EnginePort(self.m)
         self.has_state = state
 
-    def _on_evict(self, kind, node, nbytes):
-        key = self.oracle.by_digest[node.digest]
-        (self.oracle.kv if kind == "kv" else self.oracle.snap).discard(key)
+    def _take_evictions(self):
+        for ev in self.port.take_events():
+            if ev.action != REMOVED:
+                continue
+            (digest,) = ev.digests
+            key = self.oracle.by_digest[digest]
+            (self.oracle.kv if ev.kind == "kv" else self.oracle.snap).discard(key)
 
     def _digest_keys(self, r):
         req = self.m.requests[r["id"]]
@@ -92,11 +100,16 @@ class ManagerMachine(RuleBasedStateMachine):
         self._digest_keys(self.live[rid])
 
     def _alloc(self, r, n, draft=0):
+        self._take_evictions()  # what earlier calls stored: the refusal check starts empty
         before = self.m.cached_snapshot_slots()
+        state = fingerprint(self.m)
         try:
             a = self.m.allocate(r["id"], n, num_draft=draft)
         except OutOfSpaceError:
+            assert fingerprint(self.m) == state, "a refused allocate changed the manager"
+            assert not self.port.take_events(), "a refused allocate emitted events"
             return None
+        self._take_evictions()
         cached = self.m.cached_snapshot_slots()
         assert cached <= before  # allocation never registers anything
         targets = set(a.state_copies.dst) | {s.slot for s in a.save_points} | set(a.draft_slots)
@@ -171,7 +184,8 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule()
     @precondition(lambda self: self.m is not None and not self.live)
     def clear(self):
-        self.m.clear()
+        self.port.clear()
+        self._take_evictions()
         assert self.m.arena.pages_in_use == 0
         assert self.m.arena.slots_in_use == 0
         assert not self.m.index.nodes
@@ -212,6 +226,7 @@ class ManagerMachine(RuleBasedStateMachine):
         snap_nodes = {d for d, n in handles.items() if n.snap >= 0}
         assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
         check_runs_and_ranks(m)
+        m.check_invariants()
 
     def teardown(self):
         if self.m is None:

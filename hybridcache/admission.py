@@ -1,0 +1,102 @@
+"""Admission: at which hash-unit boundaries of a request the engine saves a state snapshot.
+
+Admission decides at which hash-unit boundaries of a request the engine saves a state
+snapshot. Snapshots are large (41 MiB for Kimi Linear 48B), so saving one everywhere wastes
+memory, and saving too few makes KV hits unusable on hybrid models. Rules (combine with
+``+``):
+
+- ``last-token``: the last unit boundary before the prompt's last token, the deepest point an
+  identical prompt can reuse (the last token is always recomputed).
+- ``turn-end``: the last unit boundary of the finished turn (prompt + output), which the next
+  turn of a multi-turn session or agent extends.
+- ``branch-point``: the point where the request leaves the cached KV path (Marconi): every
+  later request that shares the prefix up to there can use it.
+- ``interval:N``: every N tokens (N a multiple of the hash unit), as SGLang's track interval.
+- ``chunk-end``: the end of every scheduled prefill chunk, where the engine has the state
+  for free.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hybridcache.errors import UnknownNameError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.requests import Request
+
+ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end")
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """Parsed admission rules (see module docstring)."""
+
+    last_token: bool = False
+    turn_end: bool = False
+    branch_point: bool = False
+    interval: int = 0
+    chunk_end: bool = False
+    #: Save a snapshot only once the same point was wanted ``min_seen`` times (vLLM's align
+    #: mode does not save a prefix seen for the first time). 1 = always.
+    min_seen: int = 1
+
+    @classmethod
+    def parse(cls, text: str, hash_unit: int) -> AdmissionPolicy:
+        """Parse ``"last-token+turn-end+interval:256"``; unknown rules list the known ones."""
+        kw: dict[str, object] = {}
+        for raw in filter(None, (p.strip() for p in text.split("+"))):
+            name, _, arg = raw.partition(":")
+            if name == "interval":
+                try:
+                    n = int(arg)
+                except ValueError:
+                    raise UnknownNameError(f"admission rule {raw!r}: interval needs tokens, e.g. interval:256") from None
+                if n <= 0 or n % hash_unit:
+                    raise UnknownNameError(
+                        f"admission rule {raw!r}: interval must be a positive multiple of the hash unit {hash_unit}"
+                    )
+                kw["interval"] = n
+            elif name in ("last-token", "turn-end", "branch-point", "chunk-end") and not arg:
+                kw[name.replace("-", "_")] = True
+            elif name == "none":
+                continue
+            else:
+                raise UnknownNameError(
+                    f"unknown admission rule {raw!r}; known: {', '.join(ADMISSION_RULES)} "
+                    "(interval takes :TOKENS; combine with '+', or 'none')"
+                )
+        return cls(**kw)  # type: ignore[arg-type]
+
+
+def admission_points(
+    policy: AdmissionPolicy, req: Request, start: int, end: int, unit: int
+) -> list[tuple[int, bool]]:
+    """Boundaries in ``(start, end]`` where ``policy`` wants a snapshot.
+
+    Returns:
+        ``(boundary, rolling)`` pairs in increasing order. ``rolling`` marks the turn-end
+        save, which the engine overwrites at every boundary it passes while decoding and
+        which is registered only when the request finishes.
+    """
+    p = req.prompt_len
+    last_in_prompt = (p - 1) // unit * unit
+    wanted: list[int] = []
+    if policy.last_token:
+        wanted.append(last_in_prompt)
+    if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
+        wanted.append(min(req.kv_hit_tokens, last_in_prompt))
+    if policy.interval:
+        n = policy.interval
+        wanted += range((start // n + 1) * n, end + 1, n)
+    if policy.chunk_end and end <= p:
+        wanted.append(end // unit * unit)
+    if len(wanted) > 1:
+        wanted = sorted(set(wanted))
+    out = [(b, False) for b in wanted if start < b <= end and b > 0]
+    if policy.turn_end and end > p:
+        b = end // unit * unit
+        if b > start and b > last_in_prompt:
+            out.append((b, True))
+    return out

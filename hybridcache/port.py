@@ -1,0 +1,373 @@
+"""The engine port: everything an engine (vLLM, SGLang, the simulator, an offload tier) does
+with the cache, as one documented interface (``docs/api.md``).
+
+An engine holds an :class:`EnginePort` over a :class:`~hybridcache.manager.HybridCacheManager`
+and calls nothing else: the manager's index, arena, queues and request records are its
+internals and change without notice. The port gives
+
+- the request path: :meth:`add_request`, :meth:`match`, :meth:`allocate` (copy plan, save
+  points), :meth:`append_tokens`, :meth:`commit`, :meth:`accept`, :meth:`free`;
+- planned saves: :meth:`planned_save_points` (where admission will want snapshots in a
+  range, also before the first allocation), :meth:`save_in_running_slot`,
+  :meth:`cancel_save`, :meth:`take_save_slot` / :meth:`release_slot`;
+- read-only views: :meth:`request` (a :class:`RequestView`), :meth:`digests`,
+  :meth:`block_tables`, :meth:`cached_prefix`, :meth:`snapshot_slot`, :meth:`device_prefix`;
+- :meth:`pin_snapshot` / :meth:`unpin_snapshot`: keep a snapshot a running step still
+  reads (its slot is the step's input) from eviction;
+- :meth:`import_prefix`: register a prefix whose bytes a tier loaded into the arena
+  (:class:`~hybridcache.port_import.PrefixImport`);
+- :meth:`take_events`: the event stream (:mod:`hybridcache.events`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
+
+import numpy as np
+
+from hybridcache.admission import admission_points
+from hybridcache.errors import InvalidRequestError
+from hybridcache.events import CacheEvent, cleared_event
+from hybridcache.hashing import MultiModalItem
+from hybridcache.invariants import check_manager
+from hybridcache.plans import Allocation, CacheConfig, MatchResult
+from hybridcache.runs import hold_tables
+from hybridcache.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.arena import ArenaLayout
+    from hybridcache.index import UnitHandle
+    from hybridcache.manager import HybridCacheManager
+    from hybridcache.port_import import PrefixImport
+    from hybridcache.requests import Request
+
+
+class RequestView:
+    """Read-only view of one live request (the manager's record changes underneath it).
+
+    Token counts are tokens; ``registered_units`` are hash units whose KV the request holds
+    as cached entries.
+    """
+
+    __slots__ = ("_r",)
+
+    def __init__(self, record: Request) -> None:
+        self._r = record
+
+    id = property(lambda self: self._r.id)
+    tenant = property(lambda self: self._r.tenant)
+    num_tokens = property(lambda self: self._r.num_tokens, doc="tokens known (prompt + appended)")
+    prompt_len = property(lambda self: self._r.prompt_len)
+    allocated = property(lambda self: self._r.allocated, doc="the first allocate ran")
+    num_allocated = property(lambda self: self._r.num_allocated)
+    num_computed = property(lambda self: self._r.num_computed, doc="tokens committed")
+    hit_tokens = property(lambda self: self._r.hit_tokens)
+    kv_hit_tokens = property(lambda self: self._r.kv_hit_tokens)
+    registered_units = property(lambda self: self._r.units)
+    running_slot = property(lambda self: self._r.slot)
+    rolling_slot = property(lambda self: self._r.rolling_slot, doc="turn-end save slot (-1: none)")
+    rolling_boundary = property(lambda self: self._r.rolling_boundary)
+    duplicate_units = property(lambda self: len(self._r.dup_pages), doc=(
+        "units the request recomputed although another request registered them meanwhile: "
+        "it keeps its own page of each and holds the cached one too"))
+
+    @property
+    def save_slots(self) -> Mapping[int, int]:
+        """Pending save points: boundary (tokens) -> slot the engine writes the state to."""
+        return MappingProxyType(self._r.saves)
+
+    @property
+    def digests(self) -> Sequence[bytes]:
+        """Digests of the request's full units, in chain order (a read-only copy)."""
+        return tuple(self._r.hasher.digests)
+
+    def __repr__(self) -> str:
+        r = self._r
+        return f"RequestView({r.id!r}, tokens={r.num_tokens}, computed={r.num_computed})"
+
+
+class CachedPrefix(NamedTuple):
+    """The cached entries a hit of ``units`` units reads: KV pages per attention group and
+    the snapshot at its end (``-1``: none, or a model without state)."""
+
+    units: int
+    block_tables: dict[str, list[int]]
+    snapshot_slot: int
+
+
+class DevicePrefix(NamedTuple):
+    """What the device cache holds of a chain (units): KV from unit 0 up to ``kv_units``,
+    the deepest snapshot on it ending at ``snapshot_units``, and per unit whether it has
+    KV at all (stranded runs past the first gap included)."""
+
+    kv_units: int
+    snapshot_units: int
+    has_kv: list[bool]
+
+
+class SnapshotPin(NamedTuple):
+    """A pin on a cached snapshot (:meth:`EnginePort.pin_snapshot`)."""
+
+    boundary: int
+    slot: int
+    handle: UnitHandle
+
+
+class EnginePort:
+    """The interface an engine uses (module docstring)."""
+
+    def __init__(self, manager: HybridCacheManager, *, record_events: bool = True) -> None:
+        self._m = manager
+        # Pages and slots the engine owns (reserve_page, take_save_slot): the invariant
+        # check counts them as owned.
+        self._engine_pages = 0
+        self._engine_slots = 0
+        index = manager.index
+        if record_events and index.events is None:
+            index.events = []
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def spec(self) -> ModelSpec:
+        return self._m.spec
+
+    @property
+    def config(self) -> CacheConfig:
+        return self._m.config
+
+    @property
+    def layout(self) -> ArenaLayout:
+        """Byte geometry of the arena (where pages and slots sit in the engine's buffer)."""
+        return self._m.layout
+
+    @property
+    def unit(self) -> int:
+        """Tokens per hash unit (and per KV page)."""
+        return self._m.unit
+
+    @property
+    def attention_groups(self) -> tuple[str, ...]:
+        return tuple(self._m.groups)
+
+    @property
+    def has_state(self) -> bool:
+        return self._m.has_state
+
+    @property
+    def unit_kv_bytes(self) -> int:
+        """Bytes of one unit's KV (every attention group)."""
+        return self._m.index.node_kv_bytes
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return self._m.index.snap_bytes
+
+    @property
+    def step_count(self) -> int:
+        """Advances with every call that can hold, release or register entries (a cheap
+        'did anything happen since' for observers)."""
+        return self._m.tick
+
+    def tenant_bytes(self, tenant: str | None) -> int:
+        """Bytes of cached entries the tenant holds on the device."""
+        return self._m.index.tenant_bytes.get(tenant, 0)
+
+    def usage(self) -> tuple[int, int]:
+        """``(pages_in_use, slots_in_use)`` of the arena (cached entries included)."""
+        a = self._m.arena
+        return a.pages_in_use, a.slots_in_use
+
+    def stats(self) -> dict[str, object]:
+        return self._m.stats()
+
+    # ------------------------------------------------------------------ request path
+    def add_request(
+        self,
+        request_id: str,
+        token_ids: Sequence[int] | np.ndarray,
+        *,
+        tenant: str | None = None,
+        lora: str | int | None = None,
+        mm_items: Sequence[MultiModalItem] = (),
+        digests: Sequence[bytes] | None = None,
+    ) -> MatchResult:
+        return self._m.add_request(
+            request_id, token_ids, tenant=tenant, lora=lora, mm_items=mm_items, digests=digests
+        )
+
+    def match(self, request_id: str) -> MatchResult:
+        return self._m.match(request_id)
+
+    def allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0) -> Allocation:
+        return self._m.allocate(request_id, num_new_tokens, num_draft=num_draft)
+
+    def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
+        self._m.append_tokens(request_id, token_ids)
+
+    def commit(self, request_id: str, num_computed_tokens: int) -> None:
+        self._m.commit(request_id, num_computed_tokens)
+
+    def accept(self, request_id: str, num_accepted: int) -> None:
+        self._m.accept(request_id, num_accepted)
+
+    def free(self, request_id: str, *, finished: bool = True) -> None:
+        self._m.free(request_id, finished=finished)
+
+    def clear(self) -> int:
+        """Evict every unheld entry (``removed`` events, then one ``cleared``)."""
+        n = self._m.clear()
+        events = self._m.index.events
+        if events is not None:
+            events.append(cleared_event())
+        return n
+
+    # ------------------------------------------------------------------ saves
+    def planned_save_points(self, request_id: str, start: int, end: int) -> list[tuple[int, bool]]:
+        """Boundaries in ``(start, end]`` where admission wants a snapshot, as
+        ``(boundary, rolling)``; for a request not allocated yet, with the prompt length
+        and hit its first allocation would see. Read-only."""
+        req = self._m._get(request_id)
+        view: object = req
+        if not req.allocated:
+            match = self._m.match(request_id)
+            view = _Unallocated(req.num_tokens, match.kv_hit_tokens, match.hit_tokens)
+        return admission_points(self._m.admission, view, start, end, self._m.unit)  # type: ignore[arg-type]
+
+    def save_in_running_slot(self, request_id: str, boundary: int) -> int:
+        return self._m.save_in_running_slot(request_id, boundary)
+
+    def cancel_save(self, request_id: str, boundary: int) -> None:
+        self._m.cancel_save(request_id, boundary)
+
+    def take_save_slot(self, request_id: str, boundary: int) -> int:
+        """Take a pending save point's slot out of the request: no snapshot is registered
+        there, and the engine owns the slot until :meth:`release_slot` (it still computes
+        in it)."""
+        req = self._m._get(request_id)
+        slot = req.saves.pop(boundary, None)
+        if slot is None:
+            raise InvalidRequestError(f"request {request_id!r}: no save point at {boundary}")
+        self._engine_slots += 1
+        return slot
+
+    def release_slot(self, slot: int) -> None:
+        """Give back a slot taken with :meth:`take_save_slot`."""
+        self._m.arena.free_slot(slot)
+        self._engine_slots -= 1
+
+    def reserve_page(self) -> int:
+        """Take one free page out of the cache for good (an engine's null block); raises
+        if none is free without eviction."""
+        got = self._m.arena.alloc_page()
+        if got is None:
+            raise InvalidRequestError("no free page to reserve")
+        self._engine_pages += 1
+        return got
+
+    # ------------------------------------------------------------------ views
+    def request(self, request_id: str) -> RequestView | None:
+        req = self._m.requests.get(request_id)
+        return None if req is None else RequestView(req)
+
+    def request_ids(self) -> Iterator[str]:
+        return iter(list(self._m.requests))
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self._m.requests
+
+    def digests(self, request_id: str) -> Sequence[bytes]:
+        """The request's unit digests so far (read-only copy)."""
+        return tuple(self._m._get(request_id).hasher.digests)
+
+    def block_tables(self, request_id: str) -> dict[str, list[int]]:
+        """The request's pages per attention group (cached and private), copies."""
+        req = self._m._get(request_id)
+        return {g: list(t) for g, t in zip(self._m.groups, req.pages)}
+
+    def cached_prefix(self, request_id: str, units: int) -> CachedPrefix:
+        """Pages (and the end snapshot) of the request's first ``units`` cached units, as a
+        hit would read them; read-only. Raises if the device does not hold them."""
+        m = self._m
+        digests = m._get(request_id).hasher.digests
+        found, holds = m.index.kv_path(digests, units)
+        if found < units:
+            raise InvalidRequestError(
+                f"request {request_id!r}: {units} units asked, {found} cached"
+            )
+        tables = hold_tables(holds, len(m.groups)) if units else [[] for _ in m.groups]
+        slot = self.snapshot_slot(request_id, units * m.unit) if units and m.has_state else -1
+        return CachedPrefix(units, dict(zip(m.groups, map(list, tables))), slot)
+
+    def snapshot_slot(self, request_id: str, boundary: int) -> int:
+        """Slot of the cached snapshot at ``boundary`` (tokens) on the request's chain,
+        ``-1`` if none."""
+        node = self._snapshot_handle(request_id, boundary)
+        return -1 if node is None else node.snap
+
+    def _snapshot_handle(self, request_id: str, boundary: int) -> UnitHandle | None:
+        digests = self._m._get(request_id).hasher.digests
+        u = boundary // self._m.unit - 1
+        if boundary % self._m.unit or not 0 <= u < len(digests):
+            return None
+        node = self._m.index.handles.get(digests[u])
+        return node if node is not None and node.snap >= 0 else None
+
+    def has_snapshot(self, digest: bytes) -> bool:
+        """Whether the unit named by ``digest`` has a cached snapshot on the device."""
+        node = self._m.index.handles.get(digest)
+        return node is not None and node.snap >= 0
+
+    def device_prefix(self, digests: Sequence[bytes], max_units: int) -> DevicePrefix:
+        """What the device holds of a chain (read-only; see :class:`DevicePrefix`)."""
+        index = self._m.index
+        chain = list(digests)
+        kv_units, snap_units, _ = index.walk(chain, max_units)
+        has_kv = [False] * max_units
+        for run, end in index.chain_holds(chain, 0, max_units):
+            has_kv[run.first : run.first + end] = [True] * end
+        return DevicePrefix(kv_units, snap_units, has_kv)
+
+    # ------------------------------------------------------------------ pins
+    def pin_snapshot(self, request_id: str, boundary: int) -> SnapshotPin | None:
+        """Keep the cached snapshot at ``boundary`` from eviction while a running step
+        still reads its slot; ``None`` if there is none. Undo with :meth:`unpin_snapshot`."""
+        node = self._snapshot_handle(request_id, boundary)
+        if node is None:
+            return None
+        self._m.index.pin_snapshot(node)
+        return SnapshotPin(boundary, node.snap, node)
+
+    def unpin_snapshot(self, pin: SnapshotPin) -> None:
+        self._m.index.unpin_snapshot(pin.handle, self._m.tick)
+
+    # ------------------------------------------------------------------ imports
+    def import_prefix(self, request_id: str) -> PrefixImport:
+        """Start registering a prefix a tier loads for a waiting request (see
+        :class:`~hybridcache.port_import.PrefixImport`)."""
+        from hybridcache.port_import import PrefixImport
+
+        return PrefixImport(self._m, self._m._get(request_id))
+
+    # ------------------------------------------------------------------ events
+    def take_events(self) -> list[CacheEvent]:
+        """Events since the last call, oldest first (:mod:`hybridcache.events`)."""
+        index = self._m.index
+        events = index.events
+        if not events:
+            return []
+        index.events = []
+        return events
+
+    def check_invariants(self) -> None:
+        """Check the manager's, index's and arena's invariants (raises ``AssertionError``)."""
+        check_manager(self._m, self._engine_pages, self._engine_slots)
+
+
+class _Unallocated(NamedTuple):
+    """What admission reads of a request before its first allocation."""
+
+    prompt_len: int
+    kv_hit_tokens: int
+    hit_tokens: int

@@ -1,0 +1,163 @@
+"""The engine port: a whole request path, events, views, pins and imports, through the
+port only (no manager internals)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridcache.errors import InvalidRequestError
+from hybridcache.events import CLEARED, REMOVED, STORED
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.port import EnginePort
+from tests.core.conftest import tiny_spec
+
+U = 4
+
+
+def _port(blocks: int | None = None, **cfg) -> EnginePort:
+    spec = tiny_spec()
+    config = CacheConfig(hash_unit=U, **cfg)
+    cap = 1 << 20
+    if blocks is not None:
+        cap = blocks * HybridCacheManager(spec, 1 << 30, config).layout.block_bytes
+    return EnginePort(HybridCacheManager(spec, cap, config))
+
+
+def _serve(port: EnginePort, rid: str, prompt: list[int], output: list[int]) -> None:
+    res = port.add_request(rid, prompt)
+    a = port.allocate(rid, len(prompt) - res.hit_tokens + len(output))
+    port.append_tokens(rid, output)
+    port.commit(rid, a.start + a.num_tokens)
+    port.free(rid)
+
+
+def test_request_path_events_and_views():
+    port = _port()
+    prompt = list(range(30))
+    res = port.add_request("a", prompt)
+    assert res.hit_tokens == 0
+    view = port.request("a")
+    assert view.num_tokens == 30 and not view.allocated and len(view.digests) == 30 // U
+    assert port.planned_save_points("a", 0, 33) == [(28, False), (32, True)]
+    a = port.allocate("a", 33)
+    assert view.allocated and view.num_allocated == 33  # a view follows the record
+    assert port.block_tables("a")["attn"] == a.block_table["attn"]
+    port.append_tokens("a", [1, 2, 3])
+    port.commit("a", 33)
+    events = port.take_events()
+    assert port.take_events() == []  # taken out once
+    kv = [e for e in events if e.kind == "kv"]
+    assert [e.action for e in events] == [STORED] * len(events)
+    assert sum(len(e.digests) for e in kv) == 33 // U
+    assert kv[0].depth == 0 and kv[0].groups == ("attn",) and kv[0].tenant is None
+    assert tuple(d for e in kv for d in e.digests) == tuple(port.digests("a"))
+    assert [p for e in kv for (p,) in e.locations] == a.block_table["attn"][: 33 // U]
+    (snap,) = [e for e in events if e.kind == "state"]
+    assert snap.depth == 28 // U - 1 and snap.locations == (port.snapshot_slot("a", 28),)
+    with pytest.raises(AttributeError):
+        view.num_tokens = 3  # read-only
+    port.free("a")
+    assert port.request("a") is None
+    # Turn-end snapshot at 32 registered on free; a repeat hits it.
+    (turn_end,) = port.take_events()
+    assert turn_end.kind == "state" and turn_end.depth == 32 // U - 1
+    res = port.add_request("b", prompt + [1, 2, 3, 9])
+    assert res.hit_tokens == 32
+    prefix = port.cached_prefix("b", 8)
+    assert prefix.block_tables["attn"] == a.block_table["attn"][:8] and prefix.snapshot_slot >= 0
+    port.free("b")
+    n = port.clear()
+    events = port.take_events()
+    assert n == len(events) - 1 and events[-1].action == CLEARED
+    assert {e.action for e in events[:-1]} == {REMOVED}
+    port.check_invariants()
+
+
+def test_evictions_come_out_as_removed_events():
+    port = _port(blocks=6)
+    stored: set[tuple[str, bytes]] = set()
+    for k in range(12):
+        _serve(port, f"r{k}", list(range(100 * k, 100 * k + 13)), [5, 6, 7])
+        for e in port.take_events():
+            for d in e.digests:
+                key = (e.kind, d)
+                if e.action == STORED:
+                    stored.add(key)
+                else:
+                    stored.remove(key)  # removed only what was stored
+        port.check_invariants()
+    assert port.stats()["evictions_kv"] > 0
+    # What the events leave stored is exactly what the device holds.
+    kv = {d for kind, d in stored if kind == "kv"}
+    snaps = {d for kind, d in stored if kind == "state"}
+    assert all(port.has_snapshot(d) for d in snaps)
+    assert len(kv) * port.unit_kv_bytes + len(snaps) * port.snapshot_bytes == port.tenant_bytes(None)
+
+
+def test_pins_and_taken_slots_keep_state():
+    port = _port(blocks=4, admission="last-token")
+    _serve(port, "a", list(range(13)), [])
+    port.add_request("b", list(range(13)) + [50])
+    pin = port.pin_snapshot("b", 12)
+    assert pin is not None and pin.slot == port.snapshot_slot("b", 12)
+    for k in range(6):  # pressure: the pinned snapshot must survive
+        _serve(port, f"x{k}", list(range(1000 * (k + 1), 1000 * (k + 1) + 13)), [])
+    assert port.snapshot_slot("b", 12) == pin.slot
+    port.unpin_snapshot(pin)
+    port.check_invariants()
+    port.free("b")
+    # take_save_slot: the engine owns the slot until release_slot.
+    port.add_request("c", list(range(500, 513)))
+    a = port.allocate("c", 13)
+    (sp,) = a.save_points
+    slot = port.take_save_slot("c", sp.boundary)
+    port.commit("c", 13)
+    assert port.snapshot_slot("c", sp.boundary) == -1
+    port.check_invariants()
+    port.free("c")
+    port.release_slot(slot)
+    port.check_invariants()
+    with pytest.raises(InvalidRequestError):
+        port.take_save_slot("c", 12)
+
+
+def test_import_prefix_registers_loaded_units():
+    port = _port()
+    prompt = list(range(40))
+    port.add_request("a", prompt)
+    dev = port.device_prefix(port.digests("a"), 9)
+    assert dev == (0, 0, [False] * 9)
+    with port.import_prefix("a") as imp:
+        imp.hold(6)
+        for u in range(6):
+            assert imp.alloc_unit_pages(u) is not None
+        assert imp.alloc_slot() >= 0
+        loaded = imp.register(6, snapshot_flops=1.0)
+    assert loaded == list(range(6))
+    assert port.match("a").hit_tokens == 24
+    events = port.take_events()
+    assert [e.kind for e in events] == ["kv", "state"] and events[0].digests == tuple(port.digests("a")[:6])
+    port.check_invariants()
+    # An import that fails midway gives everything back.
+    port.add_request("b", list(range(200, 240)))
+    before = port.usage()
+    with port.import_prefix("b") as imp:
+        imp.alloc_unit_pages(0)
+        imp.alloc_slot()
+    assert port.usage() == before
+    port.check_invariants()
+
+
+def test_check_invariants_catches_corruption():
+    port = _port()
+    _serve(port, "a", list(range(30)), [1, 2])
+    port.check_invariants()
+    m = port._m
+    m.index.kv_units += 1  # a counter that sizes allocations drifts
+    with pytest.raises(AssertionError, match="unit counter"):
+        port.check_invariants()
+    m.index.kv_units -= 1
+    run = next(iter(m.index.heads.values()))
+    m.arena.free_page(run.pages[0][-1])  # a registered page freed behind the index's back
+    with pytest.raises(AssertionError):
+        port.check_invariants()
