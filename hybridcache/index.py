@@ -211,7 +211,15 @@ class PrefixIndex(EvictingAllocator):
             self.kv_q = MarconiQueue()
             self.snap_q = MarconiQueue()
         self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
+        if eviction == "value" and self.snap_bytes:
+            self.kv_q.stranded = self._stranded_tail  # type: ignore[attr-defined]
         self._init_eviction()
+
+    def _stranded_tail(self, run: Run) -> bool:
+        """KV and state valued as one: a run's tail without a snapshot is KV past the last
+        snapshot on its path, which no hit can use until a state exists there."""
+        node = self.handles.get(run.digests[-1])
+        return node is None or node.snap < 0
 
     # ------------------------------------------------------------------ units
     def handle(self, run: Run, pos: int) -> Node:
@@ -427,6 +435,8 @@ class PrefixIndex(EvictingAllocator):
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
+        if node.run is not None:
+            self.kv_q.run_changed(node.run)  # a stranded tail may be usable now
 
     def demote_snapshot(self, node: Node) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
@@ -493,6 +503,8 @@ class PrefixIndex(EvictingAllocator):
         if node.run is None:
             del self.handles[node.digest]
             del self.bare[node.digest]
+        else:
+            self.kv_q.run_changed(node.run)  # its run's tail may be stranded now
 
         return slot if keep_slot else -1
 

@@ -55,6 +55,14 @@ class _Undo:
 class HybridCacheManager(SavePointControl):
     """Prefix cache manager for one model over one byte budget (see module docstring)."""
 
+    def __new__(cls, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
+        # admission="adaptive" selects the self-tuning manager (hybridcache.adaptive).
+        if cls is HybridCacheManager and config is not None and config.admission == "adaptive":
+            from hybridcache.adaptive import AdaptiveManager
+
+            cls = AdaptiveManager
+        return super().__new__(cls)
+
     def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
         self.spec = spec
         self.config = cfg = config or CacheConfig()

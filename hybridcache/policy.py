@@ -250,8 +250,11 @@ class ValueQueue(EvictionQueue):
         self._live: dict[object, list] = {}
         self._seq = 0
 
+    #: Frequency weighting, as :attr:`hybridcache.runs.RunValueQueue.freq`.
+    freq = True
+
     def add(self, item, tick, flops, nbytes, hits):
-        prio = self._clock.value + (hits if hits > 1 else 1) * flops * (1.0 / (nbytes or 1) / self._scale)
+        prio = self._clock.value + (hits if hits > 1 and self.freq else 1) * flops * (1.0 / (nbytes or 1) / self._scale)
         live, heap = self._live, self._heap
         cur = live.get(item)
         if cur is not None:

@@ -242,6 +242,11 @@ class RunValueQueue:
     #: The index's handle maker, set by the index as on every queue: only the victims that
     #: :meth:`peek` and :meth:`first` return get a handle, not every queued unit.
     unit: UnitOf
+    #: Set by the index for models with state: whether a run's tail unit is KV past the
+    #: last snapshot on its path (it serves no hit until a state exists there). Such a
+    #: tail is ranked at the clock, below every entry, so stranded KV goes first and a
+    #: usable entry is never evicted while it stays.
+    stranded: Callable[[Run], bool] | None = None
 
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         """Args:
@@ -285,8 +290,12 @@ class RunValueQueue:
             return run.rel.get(pos + 1, (self._clock.value, 0))
         return max((v for end, v in run.rel.items() if end > pos), default=(self._clock.value, 0))
 
+    #: Frequency weighting (GreedyDual-Size-Frequency); False ranks by size and recency
+    #: only (GreedyDual-Size): a knob the adaptive policy turns (hybridcache.adaptive).
+    freq = True
+
     def _value(self, base: float, hits: int, flops: float) -> float:
-        return base + (hits if hits > 1 else 1) * flops * self._per
+        return base + (hits if hits > 1 and self.freq else 1) * flops * self._per
 
     def priority(self, node: Node) -> float:
         """Current priority of any KV unit (the queue itself only ranks tails)."""
@@ -305,6 +314,8 @@ class RunValueQueue:
             return
         base, order = self._base(run, n - 1)
         prio = self._value(base, run.hits.get(n, 0), run.flops)
+        if self.stranded is not None and self.stranded(run):
+            prio, order = self._clock.value, 0
         if run.qseq:
             if prio == run.qprio:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would

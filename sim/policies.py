@@ -12,6 +12,8 @@ hybridcache    unit = trace resolution (16 tokens for token traces); snapshots a
                prompt's last token, the turn end, branch points and every
                ``3 x tokens-per-snapshot`` tokens; value eviction (GreedyDual: hits x
                FLOPs saved per byte, aged) over KV and states together.
+hybridcache-   hybridcache's unit and eviction; admission chosen online among a few candidate
+adaptive       settings by shadow caches over a sample of the requests (hybridcache.adaptive).
 vllm-align     unit = vLLM's inflated attention block (:func:`vllm_align_block`); states
                at the last block boundary before the prompt end and at the shared-prefix
                junction, saved only for a boundary seen before (``min_seen=2``); LRU.
@@ -34,7 +36,7 @@ from hybridcache.errors import UnknownNameError
 from hybridcache.manager import CacheConfig
 from hybridcache.spec import AttentionKind, ModelSpec
 
-POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native")
+POLICIES = ("hybridcache", "hybridcache-adaptive", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native")
 #: Marconi's alpha grid; the tuning replay picks the best on a window of the trace. Both
 #: utility terms are min-max normalised, so alpha is the weight of FLOP efficiency against
 #: recency and its order of magnitude is what matters: recency only, balanced, efficiency
@@ -153,6 +155,8 @@ def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
         n = checkpoint_interval(spec, unit)
         adm = f"last-token+turn-end+branch-point+interval:{n}"
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission=adm, eviction="value"))
+    if name == "hybridcache-adaptive":  # hybridcache.adaptive: admission follows shadow caches
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="adaptive", eviction="value"))
     if name == "vllm-align":
         block = vllm_align_block(spec)
         cfg = CacheConfig(hash_unit=block, admission="last-token+branch-point", eviction="lru", min_seen=2)
