@@ -17,8 +17,9 @@ instead of guessing:
   block, so coarser shadows would mis-model the KV/state trade), and raised when the sample
   is skewed (few prefix families: a spatial sample of two system prompts is all or nothing);
 - every ``EVAL_EVERY`` sampled requests the live manager adopts the candidate whose shadow
-  saved the most prefill FLOPs over a recent window, if it beats the current one by
-  ``SWITCH_MARGIN`` (hysteresis: a tie never flips the policy back and forth). The window
+  saved the most prefill FLOPs over a recent window, once it beat the current one by
+  ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
+  lead never flips the policy back and forth). The window
   decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS`` shadow
   budgets' worth: long enough to see the cache turn over, short enough to follow a shift.
 
@@ -43,7 +44,8 @@ BASE_RULES = "last-token+turn-end+branch-point"
 #: Checkpoint spacings of the candidates, in the model's tokens-per-snapshot (0 = none).
 DENSITIES = (3.0, 0.0, 1.0, 1.0 / 16)
 MIN_SHADOW_BLOCKS = 48
-EVAL_EVERY = 16
+EVAL_EVERY = 8
+CONFIRM = 3
 SWITCH_MARGIN = 0.01
 WINDOW_FILLS = 4.0
 #: How often (finished requests) the sample's share is checked against the rate, and the
@@ -109,6 +111,7 @@ class AdaptiveManager(HybridCacheManager):
         self.finished = 0
         self.sampled = 0
         self._since_eval = 0
+        self._lead: tuple[str | None, int] = (None, 0)
         self._capacity = int(capacity_bytes)
         blocks = max(1, self.layout.num_blocks)
         self.rate = 1.0 if len(self.candidates) < 2 else min(1.0, MIN_SHADOW_BLOCKS / blocks)
@@ -155,9 +158,19 @@ class AdaptiveManager(HybridCacheManager):
             self._follow_best()
 
     def _follow_best(self) -> None:
+        """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
+        in a row (an early lead on a few requests, before the cache is full, is noise)."""
+        if not all(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"] for s in self.shadows):
+            return  # until every shadow is under pressure, more snapshots always look better
         cur = next(s for s in self.shadows if s.name == self.current)
         best = max(self.shadows, key=lambda s: s.score)
-        if best is not cur and best.score > cur.score * (1.0 + SWITCH_MARGIN):
+        if best is cur or best.score <= cur.score * (1.0 + SWITCH_MARGIN):
+            self._lead = (None, 0)
+            return
+        name, times = self._lead
+        self._lead = (best.name, times + 1 if name == best.name else 1)
+        if self._lead[1] >= CONFIRM:
+            self._lead = (None, 0)
             self.admission = best.admission
             set_frequency_weighting(self, best.freq)
             self.config = replace(self.config, admission=best.config.admission)

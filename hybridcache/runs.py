@@ -305,6 +305,8 @@ class RunValueQueue:
 
     def unit_priority(self, run: Run, pos: int) -> float:
         """:meth:`priority` of the unit at ``pos`` of ``run``."""
+        if pos == len(run.digests) - 1 and self.stranded is not None and self.stranded(run):
+            return self._clock.value
         return self._value(self._base(run, pos)[0], run.hit_count(pos), run.flops)
 
     def touch(self, run: Run) -> None:
