@@ -36,6 +36,8 @@ CONTEXT_MAX = 250_000
 #: Per main step: chance that the agent hands a task to a sub-agent / compacts early.
 SUBAGENT_P = 0.08
 COMPACT_P = 0.006
+#: An early compaction happens only once the context is this long (it drops most of it).
+COMPACT_EARLY_FROM = 100_000
 
 
 class _Context:
@@ -90,7 +92,8 @@ def _session(g: _Gen, tenant: str, harness: np.ndarray, sub_harness: np.ndarray,
     for _ in range(steps):
         append, out = _tool_result(g), _output(g)
         limit = int(g.rng.integers(150_000, CONTEXT_MAX))
-        if ctx.n + append + out > limit or g.rng.random() < COMPACT_P or ctx.room() < 20_000:
+        early = ctx.n > COMPACT_EARLY_FROM and g.rng.random() < COMPACT_P
+        if ctx.n + append + out > limit or early or ctx.room() < 20_000:
             # Compaction: a summary and a few files re-read replace the context.
             n_compact += 1
             head = np.concatenate([harness, g.tokens(2_000, 8_000), g.tokens(20_000, 40_000)])
