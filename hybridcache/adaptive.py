@@ -46,12 +46,15 @@ DENSITIES = (3.0, 0.0, 1.0, 1.0 / 16)
 MIN_SHADOW_BLOCKS = 48
 EVAL_EVERY = 8
 CONFIRM = 3
-SWITCH_MARGIN = 0.01
-WINDOW_FILLS = 4.0
+SWITCH_MARGIN = 0.03
+WINDOW_FILLS = 16.0
 #: How often (finished requests) the sample's share is checked against the rate, and the
 #: factor by which it may stray before the rate is raised.
 SKEW_CHECK_EVERY = 256
 SKEW_FACTOR = 2.0
+#: ... and at least this many sampled requests are expected in the span (below it, a
+#: Poisson count strays by a factor of 2 too often to mean anything).
+SKEW_MIN_EXPECTED = 32.0
 
 
 def _round_up(n: float, unit: int) -> int:
@@ -142,7 +145,7 @@ class AdaptiveManager(HybridCacheManager):
             digests = req.hasher.digests
             if digests and sample_key(digests[0]) < self.rate:
                 self._observe(digests, req.prompt_len, min(req.num_computed, req.num_tokens), req.tenant)
-            if self.finished - self._checked_finished >= SKEW_CHECK_EVERY:
+            if self.finished - self._checked_finished >= max(SKEW_CHECK_EVERY, SKEW_MIN_EXPECTED / self.rate):
                 self._check_skew()
         super().free(request_id, finished=finished)
 
