@@ -45,8 +45,10 @@ BASE_RULES = "last-token+turn-end+branch-point"
 DENSITIES = (3.0, 0.0, 1.0, 1.0 / 16)
 MIN_SHADOW_BLOCKS = 48
 EVAL_EVERY = 8
-CONFIRM = 3
+CONFIRM = 6
 SWITCH_MARGIN = 0.03
+#: The margin when the shadows see every request (rate 1): no sampling error to allow for.
+EXACT_MARGIN = 0.003
 WINDOW_FILLS = 16.0
 #: How often (finished requests) the sample's share is checked against the rate, and the
 #: factor by which it may stray before the rate is raised.
@@ -163,11 +165,13 @@ class AdaptiveManager(HybridCacheManager):
     def _follow_best(self) -> None:
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
         in a row (an early lead on a few requests, before the cache is full, is noise)."""
-        if not all(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"] for s in self.shadows):
-            return  # until every shadow is under pressure, more snapshots always look better
+        pressed = [bool(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"]) for s in self.shadows]
+        if any(pressed) and not all(pressed):
+            return  # some under pressure, some not: the ones that are not look better than they are
         cur = next(s for s in self.shadows if s.name == self.current)
         best = max(self.shadows, key=lambda s: s.score)
-        if best is cur or best.score <= cur.score * (1.0 + SWITCH_MARGIN):
+        margin = EXACT_MARGIN if self.rate >= 1.0 else SWITCH_MARGIN
+        if best is cur or best.score <= cur.score * (1.0 + margin):
             self._lead = (None, 0)
             return
         name, times = self._lead
