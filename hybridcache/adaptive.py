@@ -57,6 +57,12 @@ SKEW_FACTOR = 2.0
 #: ... and at least this many sampled requests are expected in the span (below it, a
 #: Poisson count strays by a factor of 2 too often to mean anything).
 SKEW_MIN_EXPECTED = 32.0
+#: A sample drawn from fewer than MIN_FAMILIES prefix families (first unit digests) after
+#: FAMILY_CHECK_AFTER sampled requests is not a sample of the workload: the rate is raised.
+#: SHARDS scales the budget by the rate, which holds for many families; a family shared by
+#: every request (one system prompt) costs the shadow its full size whatever the rate.
+MIN_FAMILIES = 8
+FAMILY_CHECK_AFTER = 32
 
 
 def _round_up(n: float, unit: int) -> int:
@@ -126,6 +132,7 @@ class AdaptiveManager(HybridCacheManager):
     def _build_shadows(self) -> None:
         """Fresh shadows at the current rate (cold: they warm up on the next requests)."""
         self.shadows = []
+        self._families: set[bytes] = set()
         self._checked_finished = self.finished
         self._checked_sampled = self.sampled
         if len(self.candidates) < 2:
@@ -146,7 +153,11 @@ class AdaptiveManager(HybridCacheManager):
             self.finished += 1
             digests = req.hasher.digests
             if digests and sample_key(digests[0]) < self.rate:
+                if len(self._families) < MIN_FAMILIES:
+                    self._families.add(digests[0])
                 self._observe(digests, req.prompt_len, min(req.num_computed, req.num_tokens), req.tenant)
+                if self.sampled - self._checked_sampled >= FAMILY_CHECK_AFTER and len(self._families) < MIN_FAMILIES:
+                    self._raise_rate()
             if self.finished - self._checked_finished >= max(SKEW_CHECK_EVERY, SKEW_MIN_EXPECTED / self.rate):
                 self._check_skew()
         super().free(request_id, finished=finished)
@@ -167,10 +178,13 @@ class AdaptiveManager(HybridCacheManager):
         in a row (an early lead on a few requests, before the cache is full, is noise)."""
         pressed = [bool(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"]) for s in self.shadows]
         if any(pressed) and not all(pressed):
+            self._lead = (None, 0)
             return  # some under pressure, some not: the ones that are not look better than they are
         cur = next(s for s in self.shadows if s.name == self.current)
         best = max(self.shadows, key=lambda s: s.score)
-        margin = EXACT_MARGIN if self.rate >= 1.0 else SWITCH_MARGIN
+        # Without pressure the candidates differ only in where they save states, which every
+        # shadow sees on the same sample: no sampling error in the comparison either.
+        margin = EXACT_MARGIN if self.rate >= 1.0 or not pressed[0] else SWITCH_MARGIN
         if best is cur or best.score <= cur.score * (1.0 + margin):
             self._lead = (None, 0)
             return
@@ -192,6 +206,10 @@ class AdaptiveManager(HybridCacheManager):
         self._checked_finished, self._checked_sampled = self.finished, self.sampled
         expect = n * self.rate
         if self.rate < 1.0 and not expect / SKEW_FACTOR <= got <= expect * SKEW_FACTOR:
+            self._raise_rate()
+
+    def _raise_rate(self) -> None:
+        if self.rate < 1.0:
             self.rate = min(1.0, self.rate * 4)
             self._build_shadows()
 
