@@ -47,7 +47,8 @@ MIN_SHADOW_BLOCKS = 48
 EVAL_EVERY = 8
 CONFIRM = 6
 SWITCH_MARGIN = 0.03
-#: The margin when the shadows see every request (rate 1): no sampling error to allow for.
+#: The margin when the shadows see every request (rate 1): no sampling error to allow for;
+#: between the two, the margin falls linearly with the rate.
 EXACT_MARGIN = 0.003
 WINDOW_FILLS = 16.0
 #: How often (finished requests) the sample's share is checked against the rate, and the
@@ -184,7 +185,7 @@ class AdaptiveManager(HybridCacheManager):
         best = max(self.shadows, key=lambda s: s.score)
         # Without pressure the candidates differ only in where they save states, which every
         # shadow sees on the same sample: no sampling error in the comparison either.
-        margin = EXACT_MARGIN if self.rate >= 1.0 or not pressed[0] else SWITCH_MARGIN
+        margin = EXACT_MARGIN if not pressed[0] else EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
         if best is cur or best.score <= cur.score * (1.0 + margin):
             self._lead = (None, 0)
             return
