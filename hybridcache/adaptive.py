@@ -177,15 +177,15 @@ class AdaptiveManager(HybridCacheManager):
     def _follow_best(self) -> None:
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
         in a row (an early lead on a few requests, before the cache is full, is noise)."""
-        pressed = [bool(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"]) for s in self.shadows]
-        if any(pressed) and not all(pressed):
+        if not all(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"] for s in self.shadows):
+            # Until every shadow is under pressure more snapshots always look better; a
+            # switch to dense checkpoints then, measured: 0.009 lost on chat at 8 GiB once
+            # pressure came (the entries a setting made stay after it is left).
             self._lead = (None, 0)
-            return  # some under pressure, some not: the ones that are not look better than they are
+            return
         cur = next(s for s in self.shadows if s.name == self.current)
         best = max(self.shadows, key=lambda s: s.score)
-        # Without pressure the candidates differ only in where they save states, which every
-        # shadow sees on the same sample: no sampling error in the comparison either.
-        margin = EXACT_MARGIN if not pressed[0] else EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
+        margin = EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
         if best is cur or best.score <= cur.score * (1.0 + margin):
             self._lead = (None, 0)
             return
