@@ -72,7 +72,7 @@ GAP = pytest.mark.xfail(reason="adaptive lags the best fixed candidate (docs/ada
 
 
 @pytest.mark.parametrize(("kind", "n", "gib"), [pytest.param("chat", 300, 1, marks=GAP),
-                                                pytest.param("docs", 200, 2, marks=GAP)])
+                                                pytest.param("docs", 200, 2, marks=[GAP, pytest.mark.slow])])
 def test_converges_to_best_fixed_candidate(kimi, kind, n, gib):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -91,6 +91,7 @@ def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib):
     assert rate >= best - 0.005, (rate, run.mgr.switches)
 
 
+@pytest.mark.slow
 @GAP
 def test_follows_a_workload_that_changes_kind(kimi):
     """Agentic sessions, then chat: the candidate in force after the change is one that
