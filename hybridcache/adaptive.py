@@ -1,4 +1,4 @@
-"""A self-tuning admission policy: the live cache follows the best of a few miniature caches.
+"""A self-tuning cache policy: the live cache follows the best of a few miniature caches.
 
 Where a hybrid model's cache should save state snapshots depends on the workload and on the
 budget: dense checkpoints pay off when many requests branch inside long shared prefixes and
@@ -16,7 +16,8 @@ instead of guessing:
   shadow holds at least ``MIN_SHADOW_BLOCKS`` arena blocks (a state slot needs a whole
   block, so coarser shadows would mis-model the KV/state trade), and raised when the sample
   is skewed (few prefix families: a spatial sample of two system prompts is all or nothing);
-- every ``EVAL_EVERY`` sampled requests the live manager adopts the candidate whose shadow
+- once every shadow is under pressure (before, more snapshots always look better), every
+  ``EVAL_EVERY`` sampled requests the live manager adopts the candidate whose shadow
   saved the most prefill FLOPs over a recent window, once it beat the current one by
   ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
   lead never flips the policy back and forth). The window
@@ -153,10 +154,13 @@ class AdaptiveManager(HybridCacheManager):
         if finished and req is not None and req.counted and self.shadows:
             self.finished += 1
             digests = req.hasher.digests
-            if digests and sample_key(digests[0]) < self.rate:
+            total = min(req.num_computed, req.num_tokens)
+            # A request freed before its prompt was computed (chunked prefill cut short) is
+            # not a request the shadows can replay.
+            if digests and total >= req.prompt_len and sample_key(digests[0]) < self.rate:
                 if len(self._families) < MIN_FAMILIES:
                     self._families.add(digests[0])
-                self._observe(digests, req.prompt_len, min(req.num_computed, req.num_tokens), req.tenant)
+                self._observe(digests, req.prompt_len, total, req.tenant)
                 if self.sampled - self._checked_sampled >= FAMILY_CHECK_AFTER and len(self._families) < MIN_FAMILIES:
                     self._raise_rate()
             if self.finished - self._checked_finished >= max(SKEW_CHECK_EVERY, SKEW_MIN_EXPECTED / self.rate):

@@ -111,3 +111,22 @@ def test_follows_a_workload_that_changes_kind(kimi):
     rates = fixed_rates(half, kimi, cap)
     assert any(at > len(first) for at, _ in mgr.switches), mgr.switches
     assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
+
+
+def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):
+    """Chunked prefill cut short: the shadows skip it, and free() still works."""
+    import numpy as np
+
+    m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
+    m.rate = 1.0
+    prompt = np.arange(1, 3001, dtype=np.uint32)
+    m.add_request("a", prompt)
+    m.allocate("a", 1000)
+    m.commit("a", 1000)
+    m.free("a")
+    assert m.sampled == 0
+    m.add_request("b", prompt)
+    m.allocate("b", 3000 - m.match("b").hit_tokens)
+    m.commit("b", 3000)
+    m.free("b")
+    assert m.sampled == 1 and all(s.prompt_tokens == 3000 for s in m.shadows)
