@@ -30,7 +30,7 @@ from hybridcache.sim.traces import read_trace
 
 TARGET_PER_MIN = 200_000
 DEFAULT_TRACE = Path(__file__).resolve().parents[1].parent / "shared/traces/mooncake_synthetic_trace.jsonl"
-DEFAULT_POLICIES = "hybridcache,vllm-align,sglang,sglang-extra,marconi,kv-only"
+DEFAULT_POLICIES = "hybridcache,hybridcache-adaptive,vllm-align,sglang,sglang-extra,marconi,kv-only"
 
 
 def main(argv: list[str] | None = None) -> int:

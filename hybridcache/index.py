@@ -189,12 +189,20 @@ class PrefixIndex:
         self.evict_one = ev.evict_one
         self.clear = ev.clear
         self._in_unpinned_slab = ev.in_unpinned_slab
+        if self.snap_bytes and hasattr(self.kv_q, "stranded"):
+            self.kv_q.stranded = self._stranded_tail  # type: ignore[attr-defined]
 
     def check_invariants(self) -> None:
         """Recount the invariants written at the fields above (:mod:`hybridcache.invariants`)."""
         from hybridcache.invariants import check_index
 
         check_index(self)
+
+    def _stranded_tail(self, run: Run) -> bool:
+        """KV and state valued as one: a run's tail without a snapshot is KV past the last
+        snapshot on its path, which no hit can use until a state exists there."""
+        node = self.handles.get(run.digests[-1])
+        return node is None or node.snap < 0
 
     # ------------------------------------------------------------------ units
     def handle(self, run: Run, pos: int) -> UnitHandle:
@@ -426,6 +434,8 @@ class PrefixIndex:
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
+        if node.run is not None:
+            self.kv_q.run_changed(node.run)  # a stranded tail may be usable now
 
     def demote_snapshot(self, node: UnitHandle) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
@@ -494,6 +504,8 @@ class PrefixIndex:
         if node.run is None:
             del self.handles[node.digest]
             del self.bare[node.digest]
+        else:
+            self.kv_q.run_changed(node.run)  # its run's tail may be stranded now
 
         return slot if keep_slot else -1
 

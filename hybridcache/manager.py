@@ -66,6 +66,14 @@ _Hit = tuple[int, int, list[Hold], "UnitHandle | None"]
 class HybridCacheManager(SavePointControl):
     """Prefix cache manager for one model over one byte budget (see module docstring)."""
 
+    def __new__(cls, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
+        # admission="adaptive" selects the self-tuning manager (hybridcache.adaptive).
+        if cls is HybridCacheManager and config is not None and config.admission == "adaptive":
+            from hybridcache.adaptive import AdaptiveManager
+
+            cls = AdaptiveManager
+        return super().__new__(cls)
+
     def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
         validation.check_manager_args(spec, capacity_bytes, config)
         self.spec = spec

@@ -12,6 +12,10 @@ Each kind reproduces one reuse pattern that decides how a hybrid cache performs:
   in single-turn requests. Reuse ends inside the prompt, at the document's end: only a
   state saved there (or close before it) makes the KV usable.
 - ``mixed``: the three together, interleaved in time.
+- ``agentic``: long-context coding-agent sessions (:mod:`hybridcache.sim.agentic`): contexts
+  of 50k to 250k tokens that nearly always extend the previous prompt verbatim by a small
+  append, heavy-tailed think times, sub-agents with their own contexts, and compaction that
+  drops most of a context now and then.
 
 Tenants have their own system prompts and documents; the same text in two tenants is never
 shared by the cache (tenant salts), which the per-tenant hit rates show. Everything derives
@@ -28,7 +32,7 @@ import numpy as np
 
 from hybridcache.sim.traces import TraceRequest
 
-KINDS = ("chat", "agent", "docs", "mixed")
+KINDS = ("chat", "agent", "docs", "mixed", "agentic")
 VOCAB = 32_000
 
 
@@ -44,6 +48,8 @@ class _Session:
     out: tuple[int, int]  # output length range
     think: float  # mean seconds between turns
     start: float
+    #: A session with its own request pattern (agentic) supplies its requests directly.
+    stream: Iterator[TraceRequest] | None = None
 
 
 class _Gen:
@@ -99,6 +105,9 @@ def _docs_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
 
 
 def _session_requests(g: _Gen, s: _Session) -> Iterator[TraceRequest]:
+    if s.stream is not None:
+        yield from s.stream
+        return
     history = s.prefix
     t = s.start
     for _ in range(s.turns):
@@ -118,6 +127,8 @@ def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[
     Raises:
         ValueError: unknown kind or a non-positive count.
     """
+    from hybridcache.sim.agentic import agentic_sessions  # it builds on _Gen and _Session
+
     if kind not in KINDS:
         raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
     if requests <= 0:
@@ -128,6 +139,7 @@ def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[
         "agent": [_agent_sessions(g, 0.3)],
         "docs": [_docs_sessions(g, 1.0)],
         "mixed": [_chat_sessions(g, 0.3), _agent_sessions(g, 0.1), _docs_sessions(g, 0.3)],
+        "agentic": [agentic_sessions(g, 1.0 / 1800)],
     }[kind]
     # Merge sessions (each a timestamp-ordered stream) by the time of their next request.
     heap: list[tuple[float, int, Iterator[TraceRequest], TraceRequest]] = []

@@ -12,6 +12,8 @@ hybridcache    unit = trace resolution (16 tokens for token traces); snapshots a
                prompt's last token, the turn end, branch points and every
                ``3 x tokens-per-snapshot`` tokens; value eviction (GreedyDual: hits x
                FLOPs saved per byte, aged) over KV and states together.
+hybridcache-   hybridcache's unit and eviction; admission chosen online among a few candidate
+adaptive       settings by shadow caches over a sample of the requests (hybridcache.adaptive).
 vllm-align     unit = vLLM's inflated attention block (:func:`vllm_align_block`); states
                at the last block boundary before the prompt end and at the shared-prefix
                junction, saved only for a boundary seen before (``min_seen=2``); LRU.
@@ -38,6 +40,10 @@ POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "k
             "vllm-native-best")
 #: Policies that replay through the real vLLM rather than our manager.
 NATIVE_POLICIES = ("vllm-native", "vllm-native-best")
+#: Known but not in ``all``: the adaptive policy replays a sample of the requests once per
+#: candidate beside the live cache (hybridcache.adaptive), several times the cost of a
+#: fixed policy on small caches; name it to compare it.
+OPTIONAL_POLICIES = ("hybridcache-adaptive",)
 #: Marconi's alpha grid; the tuning replay picks the best on a window of the trace. Both
 #: utility terms are min-max normalised, so alpha is the weight of FLOP efficiency against
 #: recency and its order of magnitude is what matters: recency only, balanced, efficiency
@@ -78,8 +84,9 @@ def parse_policies(text: str) -> list[str]:
     """``"all"`` or a comma-separated list of known names (order kept, duplicates dropped)."""
     names = list(POLICIES) if text.strip() == "all" else [p.strip() for p in text.split(",") if p.strip()]
     for n in names:
-        if n not in POLICIES:
-            raise UnknownNameError(f"unknown policy {n!r}; known: {', '.join(POLICIES)}, all")
+        if n not in POLICIES and n not in OPTIONAL_POLICIES:
+            known = ", ".join((*POLICIES, *OPTIONAL_POLICIES))
+            raise UnknownNameError(f"unknown policy {n!r}; known: {known}, all")
     if not names:
         raise UnknownNameError(f"no policy given; known: {', '.join(POLICIES)}, all")
     return list(dict.fromkeys(names))
@@ -156,6 +163,8 @@ def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
         n = checkpoint_interval(spec, unit)
         adm = f"last-token+turn-end+branch-point+interval:{n}"
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission=adm, eviction="value"))
+    if name == "hybridcache-adaptive":  # hybridcache.adaptive: admission follows shadow caches
+        return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="adaptive", eviction="value"))
     if name == "vllm-align":
         block = vllm_align_block(spec)
         cfg = CacheConfig(hash_unit=block, admission="last-token+branch-point", eviction="lru", min_seen=2)

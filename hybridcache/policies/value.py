@@ -51,6 +51,9 @@ class ValueQueue(EvictionQueue):
     one whose recorded priority grew is pushed back with it.
     """
 
+    #: Frequency weighting, as :attr:`RunValueQueue.freq`.
+    freq = True
+
     def __init__(self, clock: Clock, scale: float, evictable: Callable[[object], bool]) -> None:
         self._clock = clock
         self._scale = scale  # FLOPs per byte -> priority units
@@ -61,7 +64,9 @@ class ValueQueue(EvictionQueue):
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
-        prio = greedy_dual_priority(self._clock.value, hits, flops, 1.0 / (nbytes or 1) / self._scale)
+        prio = greedy_dual_priority(
+            self._clock.value, hits if self.freq else 1, flops, 1.0 / (nbytes or 1) / self._scale
+        )
         live, heap = self._live, self._heap
         cur = live.get(item)
         if cur is not None:
@@ -142,6 +147,14 @@ class RunValueQueue:
     #: The index's handle maker, set by the index as on every queue: only the victims that
     #: :meth:`peek` and :meth:`first` return get a handle, not every queued unit.
     unit: UnitOf
+    #: Set by the index for models with state: whether a run's tail unit is KV past the
+    #: last snapshot on its path (it serves no hit until a state exists there). Such a
+    #: tail is ranked at the clock, below every entry, so stranded KV goes first and a
+    #: usable entry is never evicted while it stays.
+    stranded: Callable[[Run], bool] | None = None
+    #: Frequency weighting (GreedyDual-Size-Frequency); False ranks by size and recency
+    #: only (GreedyDual-Size): a knob the adaptive policy turns (hybridcache.adaptive).
+    freq = True
 
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         """Args:
@@ -193,7 +206,10 @@ class RunValueQueue:
 
     def unit_priority(self, run: Run, pos: int) -> float:
         """:meth:`priority` of the unit at ``pos`` of ``run``."""
-        return greedy_dual_priority(self._base(run, pos)[0], run.hit_count(pos), run.flops, self._per)
+        if pos == len(run.digests) - 1 and self.stranded is not None and self.stranded(run):
+            return self._clock.value
+        hits = run.hit_count(pos) if self.freq else 1
+        return greedy_dual_priority(self._base(run, pos)[0], hits, run.flops, self._per)
 
     def touch(self, run: Run) -> None:
         """(Re)queue the run's tail at its current priority if it is evictable."""
@@ -201,7 +217,9 @@ class RunValueQueue:
         if not n or run.held >= n:
             return
         base, order = self._base(run, n - 1)
-        prio = greedy_dual_priority(base, run.hits.get(n, 0), run.flops, self._per)
+        prio = greedy_dual_priority(base, run.hits.get(n, 0) if self.freq else 1, run.flops, self._per)
+        if self.stranded is not None and self.stranded(run):
+            prio, order = self._clock.value, 0
         if run.qseq:
             if prio == run.qprio:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would

@@ -58,7 +58,8 @@ class ManagerMachine(RuleBasedStateMachine):
     @rule(
         eviction=st.sampled_from(["lru", "value", "marconi"]),
         admission=st.sampled_from(
-            ["last-token+turn-end+branch-point", "chunk-end", "interval:8+turn-end", "last-token"]
+            ["last-token+turn-end+branch-point", "chunk-end", "interval:8+turn-end", "last-token",
+             "adaptive"]
         ),
         blocks=st.integers(3, 12),
         state=st.booleans(),

@@ -31,7 +31,9 @@ def test_value_eviction_drops_the_tail_of_a_prefix_first(kimi):
 def test_snapshot_never_outranks_the_kv_it_needs(kimi):
     mgr = HybridCacheManager(kimi, 8 << 30, CacheConfig(eviction="value", admission="last-token"))
     run(mgr, "a", toks(20000, 3))
-    kv = [n for n in mgr.index.nodes.values() if n.pages is not None]
+    (snap,) = [n for n in mgr.index.nodes.values() if n.snap >= 0]
+    # The KV it needs: the units up to its own (the prompt's last unit lies past it).
+    kv = [n for n in mgr.index.nodes.values() if n.pages is not None and n.depth <= snap.depth]
     kv_prios = [mgr.index.kv_q.priority(n) for n in kv]
     (snap_prio, _), = mgr.index.snap_q._live.values()
     # 20,000 tokens of marginal FLOPs would rank the 41 MiB snapshot above the pages; capped
@@ -49,3 +51,37 @@ def test_min_seen_from_the_config_is_applied(kimi):
     mgr.free("2")
     run(mgr, "3", p)  # the second sight saves the snapshot
     assert mgr.add_request("4", p).hit_tokens == 992
+
+
+def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
+    """KV and state valued as one: KV on a path past its last snapshot serves no hit until a
+    state exists there, so it is evicted before any KV that a snapshot makes usable.
+
+    a and b each leave 13 units of output KV past their prompt-end snapshot (no turn-end
+    rule). c needs 40 pages more than are free: the 26 stranded units must all go before
+    the first usable one. Without the rule, value eviction drains a's run tail first,
+    stranded and usable alike, while b's stranded tail stays."""
+    cfg = CacheConfig(eviction="value", admission="last-token")
+    probe = HybridCacheManager(kimi, 1 << 30, cfg)
+    mgr = HybridCacheManager(kimi, 4 * probe.layout.block_bytes, cfg)
+    ppb = mgr.layout.pages_per_block
+    stranded: set[bytes] = set()
+    for rid, seed in (("a", 11), ("b", 12)):
+        prompt = toks(1000, seed)
+        m = mgr.add_request(rid, prompt)
+        mgr.allocate(rid, 1200 - m.hit_tokens)
+        mgr.append_tokens(rid, toks(200, seed + 100))
+        mgr.commit(rid, 1200)
+        digests = mgr.requests[rid].hasher.digests
+        stranded.update(digests[(1000 - 1) // 16 : 1200 // 16])  # after the snapshot at 992
+        mgr.free(rid)
+    assert len(stranded) == 26
+    order: list[bool] = []
+    mgr.index.on_evict = lambda kind, node, nbytes: order.append(node.digest in stranded) if kind == "kv" else None
+    free_pages = 2 * ppb - 150  # the rest of a's and b's slab, and the free block
+    c = toks((free_pages + 40) * 16, 13)
+    m = mgr.add_request("c", c)
+    mgr.allocate("c", len(c) - m.hit_tokens)
+    assert order.count(True) == 26 and False in order
+    first_usable = order.index(False)
+    assert all(order[:first_usable]) and first_usable == 26, order

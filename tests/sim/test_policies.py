@@ -150,3 +150,19 @@ def test_pure_state_model_under_eviction_pressure():
     for name in ("sglang-extra", "hybridcache"):
         r = run_one(t, build_policy(name, spec, 16), 1 << 30)
         assert r.evictions > 0 and 0 < r.token_hit_rate < 1
+
+
+def test_adaptive_policy_is_known_but_not_in_all(kimi):
+    from hybridcache.adaptive import AdaptiveManager
+    from hybridcache.manager import HybridCacheManager
+
+    assert "hybridcache-adaptive" not in parse_policies("all")
+    assert parse_policies("hybridcache-adaptive,sglang") == ["hybridcache-adaptive", "sglang"]
+    setup = build_policy("hybridcache-adaptive", kimi, 16)
+    assert setup.config.admission == "adaptive" and setup.config.eviction == "value"
+    assert isinstance(HybridCacheManager(kimi, 4 << 30, setup.config), AdaptiveManager)
+    # On a trace that never fills the cache it behaves as the fixed policy.
+    t = token_trace(toks(3000, 1), toks(3000, 2), out=50)
+    a = replay(t, kimi, 64 << 30, setup.config, "a")
+    b = replay(t, kimi, 64 << 30, build_policy("hybridcache", kimi, 16).config, "b")
+    assert a.token_hit_rate == b.token_hit_rate and a.snapshots_stored == b.snapshots_stored

