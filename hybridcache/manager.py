@@ -68,7 +68,7 @@ class HybridCacheManager(SavePointControl):
 
     def __new__(cls, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
         # admission="adaptive" selects the self-tuning manager (hybridcache.adaptive).
-        if cls is HybridCacheManager and config is not None and config.admission == "adaptive":
+        if cls is HybridCacheManager and getattr(config, "admission", None) == "adaptive":
             from hybridcache.adaptive import AdaptiveManager
 
             cls = AdaptiveManager
