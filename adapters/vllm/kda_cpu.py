@@ -110,3 +110,17 @@ def register_kda_model() -> bool:
     except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
         logger.debug("hybridcache plugin: KDA model registration failed: %s", exc)
         return False
+
+
+def register_from_plugin() -> None:
+    """What the ``vllm.general_plugins`` entry point adds for KDA and speculative decoding:
+    the KDA model architecture and, on the CPU platform, the fused copy kernels and the
+    tolerant kernel rebinding (:mod:`.cpu_kernels`). Never raises."""
+    register_kda_model()
+    try:
+        if is_cpu_platform():
+            from .cpu_kernels import install
+
+            install()
+    except Exception as exc:  # noqa: BLE001 - a plugin must never break vLLM start-up
+        logger.debug("hybridcache plugin: CPU kernel overrides failed: %s", exc)

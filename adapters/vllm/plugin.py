@@ -37,9 +37,9 @@ def register() -> None:
         logger.debug("hybridcache plugin: version probe failed: %s", exc)
         return
     register_connector()
-    from .kda_cpu import register_kda_model
+    from .kda_cpu import register_from_plugin
 
-    register_kda_model()
+    register_from_plugin()
 
 
 def register_connector() -> bool:
