@@ -74,6 +74,8 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         self._draft = 0  # num_draft of the allocation being made (drafts + lookahead)
         self._lookahead = 0  # lookahead positions of that allocation
         self.rejected_saves = 0  # save points dropped because their token was rejected
+        self.draft_tokens = 0  # drafts verified (main-model drafts, not lookahead)
+        self.accepted_drafts = 0
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
@@ -156,6 +158,9 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         n_step = mreq.num_allocated - mreq.step_start
         a = min(max(tr.request.num_computed_tokens - mreq.step_start, 1), n_step)
         end = mreq.step_start + a
+        if d:
+            self.draft_tokens += d
+            self.accepted_drafts += min(a - 1, d)
         if mreq.draft_slots or a < n_step:
             self._accept_keeping_pages(mreq, a, end)
         for boundary, core_slot in st.saves:
@@ -224,6 +229,13 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
     def _held_blocks(self) -> int:
         owned = sum(len(st.owned) for st in self._spec.values())
         return super()._held_blocks() + owned * self.slot_blocks
+
+    def stats(self) -> dict[str, object]:
+        out = super().stats()
+        out.update(draft_tokens=self.draft_tokens, accepted_drafts=self.accepted_drafts,
+                   rejected_saves=self.rejected_saves,
+                   column_slots=self.num_owned_column_slots)
+        return out
 
     @property
     def num_owned_column_slots(self) -> int:

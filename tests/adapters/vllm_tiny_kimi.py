@@ -105,23 +105,19 @@ SCHEDULER = "hybridcache.adapters.vllm.HybridCacheScheduler"
 MODES = ("off", "native", "native16", "ours")
 
 
-def _tokens(rng, n: int, repeat: bool) -> list[int]:
-    """``n`` random ids; with ``repeat``, made of a few phrases said twice (so an n-gram
-    drafter finds matches in the prompt)."""
-    if not repeat:
-        return [rng.randrange(2, 512) for _ in range(n)]
-    out: list[int] = []
-    while len(out) < n:
-        phrase = [rng.randrange(2, 512) for _ in range(rng.randint(6, 12))]
-        out += phrase + [rng.randrange(2, 512)] + phrase
-    return out[:n]
+def _tokens(rng, n: int) -> list[int]:
+    return [rng.randrange(2, 512) for _ in range(n)]
+
+
+ECHO = 8  # with ``repeat``: tokens of the previous prompt's end that a new turn repeats
 
 
 def engine_kwargs(model: str, mode: str, spec_tokens: int = 0) -> dict:
     """``LLM(...)`` arguments of one mode (``native16``: vLLM's strongest documented
     setting, ``prefix_match_unit=16`` and ``prefix_cache_retention_interval=None``)."""
     kw: dict = dict(model=model, dtype="bfloat16", enforce_eager=True, max_num_seqs=4,
-                    async_scheduling=False, seed=0, enable_prefix_caching=mode != "off")
+                    async_scheduling=False, seed=0, enable_prefix_caching=mode != "off",
+                    gpu_memory_utilization=0.25)  # of host memory on CPU: a shared machine
     if mode != "off":
         kw["mamba_cache_mode"] = "align"
     if mode == "native16":
@@ -136,22 +132,33 @@ def engine_kwargs(model: str, mode: str, spec_tokens: int = 0) -> dict:
 
 def _workload(generate, repeat: bool) -> None:
     """Two sessions sharing a system prompt (three turns each, history grows with the
-    answers), then a shared document asked three questions (one, then two at once)."""
+    answers), then a shared document asked three questions (one, then two at once).
+
+    With ``repeat`` a later turn ends with the last ``ECHO`` tokens of the session's
+    previous prompt, which the history follows with the model's answer: an n-gram drafter
+    then proposes that answer, and a small model continues much like it did (measured on
+    the tiny models: several drafts accepted per turn), so drafts are both accepted and
+    rejected."""
     import random
 
     rng = random.Random(1234)
-    system = _tokens(rng, SYSTEM_LEN, repeat)
+    system = _tokens(rng, SYSTEM_LEN)
     history = {"A": list(system), "B": list(system)}
+    last_prompt: dict[str, list[int]] = {}
     for turn, n in enumerate(USER_LENS):
         batch = []
         for s in history:
-            history[s] += _tokens(rng, n + (7 if s == "B" else 0), repeat)
+            new = _tokens(rng, n + (7 if s == "B" else 0))
+            if repeat and s in last_prompt:
+                new = new[:-ECHO] + last_prompt[s][-ECHO:]
+            history[s] += new
+            last_prompt[s] = list(history[s])
             batch.append((f"session{s}-turn{turn}", list(history[s])))
         for (name, ids), out in zip(batch, generate(batch)):
             history[name[7]] = ids + out
-    doc = _tokens(rng, DOC_LEN, repeat)
-    generate([("doc-q0", doc + _tokens(rng, QUESTION_LEN, repeat))])
-    generate([(f"doc-q{i}", doc + _tokens(rng, QUESTION_LEN + i, repeat)) for i in (1, 2)])
+    doc = _tokens(rng, DOC_LEN)
+    generate([("doc-q0", doc + _tokens(rng, QUESTION_LEN))])
+    generate([(f"doc-q{i}", doc + _tokens(rng, QUESTION_LEN + i)) for i in (1, 2)])
 
 
 def kda_layers_of(llm) -> dict:
@@ -221,7 +228,9 @@ def no_cache_states(llm, prefixes: dict[str, list[int]]) -> dict:
     return out
 
 
-def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None) -> dict:
+def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None,
+        hits_from: str | None = None) -> dict:
+    """Serve the workload in this process; ``probe`` saves KDA states (see :func:`serve`)."""
     import os
     import time
 
@@ -251,6 +260,13 @@ def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None
         hits = {r["name"]: (r["prompt"], r["num_cached_tokens"]) for r in results
                 if r["num_cached_tokens"] > 0}
         torch.save(hit_snapshot_states(llm, hits), probe)
+    if probe and mode == "off" and hits_from:
+        import torch
+
+        other = json.loads(Path(hits_from).read_text())["requests"]
+        prefixes = {r["name"]: r["prompt"][: r["num_cached_tokens"]] for r in other
+                    if r["num_cached_tokens"] > 0}
+        torch.save(no_cache_states(llm, prefixes), probe)
     return res
 
 
@@ -259,8 +275,8 @@ def serve(model: Path, out: Path, mode: str, *, spec_tokens: int = 0, repeat: bo
     """Run :func:`run` in a fresh process; returns its JSON (also written to ``out``).
 
     ``probe``: save KDA states there (``ours``: the snapshots at every hit boundary;
-    ``off`` with ``hits_from``, another run's JSON: the no-cache states at that run's hit
-    boundaries)."""
+    ``off`` with ``hits_from``, another run's JSON: after the workload, the no-cache
+    states at that run's hit boundaries)."""
     import os
     import subprocess
     import sys
@@ -289,28 +305,8 @@ def _main() -> None:
     ap.add_argument("--probe", default=None)
     ap.add_argument("--hits-from", default=None)
     a = ap.parse_args()
-    if a.hits_from:
-        _main_capture(a)
-        return
-    res = run(a.model, a.mode, a.spec_tokens, a.repeat, a.probe)
+    res = run(a.model, a.mode, a.spec_tokens, a.repeat, a.probe, a.hits_from)
     Path(a.out).write_text(json.dumps(res))
-
-
-def _main_capture(a) -> None:
-    """No-cache states at another run's hit boundaries (``--hits-from``)."""
-    import os
-
-    import torch
-
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM
-
-    other = json.loads(Path(a.hits_from).read_text())
-    llm = LLM(**engine_kwargs(a.model, "off"))
-    prefixes = {r["name"]: r["prompt"][: r["num_cached_tokens"]] for r in other["requests"]
-                if r["num_cached_tokens"] > 0}
-    torch.save(no_cache_states(llm, prefixes), a.probe)
-    Path(a.out).write_text(json.dumps({"captured": sorted(prefixes)}))
 
 
 if __name__ == "__main__":  # pragma: no cover - python vllm_tiny_kimi.py MODEL OUT [opts]
