@@ -26,7 +26,8 @@ so the platform's registration raises. :func:`tolerant_rebind` is the same scan 
 unreadable values skipped.
 
 :func:`install` wraps ``CpuPlatform.register_triton_kernel_overrides`` (called at worker
-start) so that both apply there; only for the vLLM releases the adapter supports.
+start) so that both apply there, together with :func:`patch_gdn_spec_conv` (the CPU GDN
+speculative step's conv roll); only for the vLLM releases the adapter supports.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ import ctypes
 import logging
 import sys
 from typing import Any
+
+import torch
 
 logger = logging.getLogger("hybridcache.adapters.vllm")
 
@@ -190,7 +193,80 @@ def install() -> bool:
 
         if not HAS_TRITON:
             register_fused_copy_overrides()
+            patch_gdn_spec_conv()
 
     register_triton_kernel_overrides._hybridcache = True  # type: ignore[attr-defined]
     platform.register_triton_kernel_overrides = classmethod(register_triton_kernel_overrides)
     return True
+
+
+# --------------------------------------------------------------------------- GDN
+GDN_CPU = "vllm.model_executor.layers.mamba.ops.cpu.gdn_attention"
+
+
+def gdn_spec_forward(layer, md, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_state,
+                     width: int, state_len: int):
+    """vLLM 0.32's CPU GDN ``_spec_forward`` with the conv buffer rolled as the Triton
+    ``causal_conv1d_update`` rolls it.
+
+    The CPU original (torch path, CPUs without AMX) keeps ``state_len - q`` history
+    columns from ``num_accepted`` on and appends the step's ``q`` inputs at the end, which
+    matches the kernel only when every step has ``1 + num_spec`` tokens; with an n-gram
+    drafter the count varies, and the slice comes up short (the engine dies) or the next
+    step reads the wrong history. Here, as in the kernel: the history read is columns
+    ``[a - 1, a - 1 + W - 1)``; the buffer becomes that history minus its oldest column,
+    then the step's inputs, from column 0. The recurrent part is vLLM's own op, unchanged.
+    """
+    import torch.nn.functional as F
+    from vllm import _custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention as gdn
+
+    n = md.num_spec_decodes
+    qsl = md.spec_query_start_loc[: n + 1].tolist()
+    indices = md.spec_state_indices_tensor[:n]
+    accepted = md.num_accepted_tokens[:n]
+    w = gdn._unpacked_conv_weight(layer).unsqueeze(1)
+    dim = mixed_qkv_spec.size(-1)
+    conv_out = torch.empty_like(mixed_qkv_spec)
+    for i in range(n):
+        start, end = qsl[i], qsl[i + 1]
+        if end == start:
+            continue
+        buf = conv_buf[int(indices[i, 0])]  # (dim, state_len)
+        off = int(accepted[i]) - 1
+        x = mixed_qkv_spec[start:end].transpose(0, 1).to(buf.dtype)
+        hist = buf[:, off : off + width - 1].clone()
+        out = F.conv1d(torch.cat([hist, x], dim=-1).unsqueeze(0), w, layer.conv1d.bias, groups=dim)[0]
+        if layer.activation == "silu":
+            out = F.silu(out)
+        conv_out[start:end] = out.transpose(0, 1).to(conv_out.dtype)
+        rolled = torch.cat([hist[:, 1:], x], dim=-1)
+        buf[:, : rolled.shape[1]] = rolled
+    query, key, value = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(conv_out))
+    return ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
+        A_log=layer.A_log, dt_bias=layer.dt_bias, q=query, k=key, v=value, a=a_spec, b=b_spec,
+        initial_state_source=ssm_state,
+        spec_state_indices=indices.to(torch.int32).contiguous(),
+        num_accepted_tokens=accepted.to(torch.int32).contiguous(),
+        cu_seqlens=md.spec_query_start_loc[: n + 1].to(torch.int32).contiguous(),
+        use_qk_l2norm_in_kernel=True,
+    )
+
+
+def patch_gdn_spec_conv() -> None:
+    """Route the CPU GDN speculative step to :func:`gdn_spec_forward` on CPUs whose path is
+    the torch one (no AMX, no Arm bf16); idempotent."""
+    import importlib
+
+    gdn = importlib.import_module(GDN_CPU)
+    if getattr(gdn._spec_forward, "_hybridcache", False):
+        return
+    original = gdn._spec_forward
+
+    def spec_forward(layer, md, *args):
+        if torch.cpu._is_amx_tile_supported() or gdn.is_arm_bf16():
+            return original(layer, md, *args)
+        return gdn_spec_forward(layer, md, *args)
+
+    spec_forward._hybridcache = True  # type: ignore[attr-defined]
+    gdn._spec_forward = spec_forward

@@ -109,7 +109,7 @@ def _tokens(rng, n: int) -> list[int]:
     return [rng.randrange(2, 512) for _ in range(n)]
 
 
-ECHO = 8  # with ``repeat``: tokens of the previous prompt's end that a new turn repeats
+ECHO = 32  # with ``repeat``: tokens of the previous prompt's end that a new turn repeats
 
 
 def engine_kwargs(model: str, mode: str, spec_tokens: int = 0) -> dict:
