@@ -114,8 +114,7 @@ class KdaCpuForward:
         state_vk: torch.Tensor, emit: list[int],
     ) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
         """KDA over one request's conv outputs ``y``; states in the cache's ``[H, V, K]``."""
-        dtype = y.dtype if y.dtype != torch.float32 else torch.bfloat16
-        q, k, v = (t.to(dtype) for t in self._split(y))  # the kernels read bf16 q/k/v
+        q, k, v = self._split(y)  # in the model dtype, as the conv kernels store them
         g = kda_gate(raw_g, self.A_log, self.dt_bias, self.gate_lower_bound)  # type: ignore[attr-defined]
         beta = torch.sigmoid(raw_beta.float())
         o, final, states = kda_recurrent_kernel_form(
