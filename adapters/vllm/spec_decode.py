@@ -21,9 +21,10 @@ only ever lands in a column past the accepted tokens.
 
 * each step is ``allocate(q + lookahead, num_draft=d + lookahead)`` (the core's draft
   slots account for the draft states; lookahead tokens are an EAGLE / MTP drafter's
-  KV positions), and the next step starts with ``accept(a)``: pages and save points past
-  the accepted tokens are released by the core, so **a save point of a rejected token is
-  never registered**;
+  KV positions), and the next step starts with ``accept(a)``: save points past the
+  accepted tokens are dropped by the core, so **a save point of a rejected token is never
+  registered** (pages past them stay with the request: the worker's tables are
+  append-only, see :meth:`SpecDecodeKVCacheManager._accept_keeping_pages`);
 * state columns get slots of their own from the core's index (evicting if needed); a
   column the request has left for good is given back;
 * a save point at boundary ``b`` that survives ``accept`` is served by relabelling: the
