@@ -42,6 +42,8 @@ import torch
 logger = logging.getLogger("hybridcache.adapters.vllm")
 
 MAMBA_UTILS = "vllm.v1.worker.mamba_utils"
+#: vLLM's own ``dispatcher._rebind_kernels``, once :func:`install` has replaced it.
+vllm_rebind: Any = None
 FUSED_KERNELS = ("precopy_mamba_align_fused_kernel", "postprocess_mamba_fused_kernel")
 
 
@@ -185,6 +187,9 @@ def install() -> bool:
     current = platform.__dict__["register_triton_kernel_overrides"].__func__
     if getattr(current, "_hybridcache", False):
         return True
+    global vllm_rebind
+    if dispatcher._rebind_kernels is not tolerant_rebind:
+        vllm_rebind = dispatcher._rebind_kernels
     dispatcher._rebind_kernels = tolerant_rebind
 
     def register_triton_kernel_overrides(cls) -> None:
