@@ -183,3 +183,63 @@ def kda_chunked(
             out[b + c0] = val
     o_all = torch.cat(outs, dim=1).transpose(0, 1) if outs else v.new_zeros(v.shape)
     return o_all, (s if T else state.clone()), out
+
+
+# --------------------------------------------------------------------------- vLLM's KDA
+# The functions below are the gate, normalisation and per-token update exactly as vLLM's
+# Triton KDA kernels compute them (``vllm/models/kimi_k3/nvidia/ops/third_party/kda``:
+# ``_kda_gate_beta_fwd_kernel``, ``fused_recurrent_kda_fwd_kernel``), so that the CPU
+# forward of :mod:`hybridcache.adapters.vllm.kda_layer` and the reference model share one
+# implementation of the recurrence.
+
+
+def kda_gate(
+    raw_g: torch.Tensor,
+    a_log: torch.Tensor,
+    dt_bias: torch.Tensor | None,
+    lower_bound: float | None,
+) -> torch.Tensor:
+    """Per-key-channel log decay from the projection's raw gate, in fp32.
+
+    ``raw_g`` is ``[T, H, K]``, ``a_log`` ``[H]``, ``dt_bias`` ``[H * K]``. With a lower
+    bound (Kimi K3's "safe gate"): ``lower_bound * sigmoid(exp(A_log) * (g + bias))``;
+    without: ``-exp(A_log) * softplus(g + bias)`` (softplus linear above 20, as the kernel).
+    """
+    g = raw_g.float()
+    if dt_bias is not None:
+        g = g + dt_bias.float().view(g.shape[-2], g.shape[-1])
+    a = a_log.float().exp()[:, None]
+    if lower_bound is not None:
+        return lower_bound * torch.sigmoid(a * g)
+    soft = torch.where(g > 20.0, g, torch.log1p(torch.exp(torch.clamp(g, max=20.0))))
+    return -a * soft
+
+
+def l2_normalize_kernel(x: torch.Tensor) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + 1e-6)`` over the last axis (the kernels' in-kernel l2norm)."""
+    return x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+
+def kda_recurrent_kernel_form(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    emit: Sequence[int] = (),
+) -> tuple[torch.Tensor, torch.Tensor, dict[int, torch.Tensor]]:
+    """vLLM's per-token KDA on one sequence, fp32, state ``[H, K, V]``.
+
+    Args:
+        q, k: ``[T, H, K]`` raw (after the short conv); normalised here as in the kernel.
+        v: ``[T, H, V]``; g: ``[T, H, K]`` log decay (:func:`kda_gate`); beta: ``[T, H]``
+            after the sigmoid; state: ``[H, K, V]``.
+        emit: boundaries whose states are returned (speculative steps keep one per token).
+
+    The scale ``K ** -0.5`` is applied to the normalised query before the read-out, as in
+    the kernel; the recurrence itself is :func:`kda_recurrent`'s.
+    """
+    qn = l2_normalize_kernel(q.float()) * (q.shape[-1] ** -0.5)
+    kn = l2_normalize_kernel(k.float())
+    return kda_recurrent(qn, kn, v.float(), g.float(), beta.float(), state.float(), 1.0, emit)

@@ -61,6 +61,15 @@ def install_copy_fix() -> bool:
     return install()
 
 
+def register_kda_cpu() -> bool:
+    """KDA layers (Kimi Linear / K3) and speculative decoding on vLLM's CPU build (see
+    :mod:`.kda_cpu`)."""
+    from .kda_cpu import register_from_plugin
+
+    register_from_plugin()
+    return True
+
+
 def register_connector() -> bool:
     """Register ``HybridCacheConnector`` with vLLM's factory; ``True`` if it is registered."""
     try:
@@ -76,4 +85,4 @@ def register_connector() -> bool:
 
 
 #: What :func:`register` applies, in order, on a supported vLLM.
-PATCHES: list[Callable[[], bool]] = [register_connector, install_copy_fix]
+PATCHES: list[Callable[[], bool]] = [register_connector, install_copy_fix, register_kda_cpu]

@@ -37,6 +37,7 @@ from vllm.v1.request import Request
 
 from hybridcache.manager import CacheConfig
 
+from . import spec_decode
 from .manager import HybridKVCacheManager
 from .manager_external import ConnectorKVCacheManager
 
@@ -94,6 +95,7 @@ class HybridCacheScheduler(Scheduler):
         self._check_supported()
         config = cache_config_from(self.vllm_config.additional_config)
         manager_cls = HybridKVCacheManager if self.connector is None else ConnectorKVCacheManager
+        manager_cls, spec_kwargs = spec_decode.manager_for(self.vllm_config, manager_cls)
         self.kv_cache_manager = manager_cls(
             self.kv_cache_config,
             max_model_len=self.max_model_len,
@@ -102,6 +104,7 @@ class HybridCacheScheduler(Scheduler):
             enable_caching=bool(self.cache_config.enable_prefix_caching),
             log_stats=self.log_stats,
             prefix_match_unit=self.prefix_match_unit(),
+            **spec_kwargs,
         )
         if self.connector is not None:
             # vLLM bound its own manager before we replaced it.
@@ -156,8 +159,6 @@ class HybridCacheScheduler(Scheduler):
                 "per-block states only in 'align' mode (pass --mamba-cache-mode align and "
                 "--enable-prefix-caching)"
             )
-        if self.vllm_config.speculative_config is not None:
-            reasons.append("speculative decoding (draft state slots are not mapped yet)")
         if self.vllm_config.max_concurrent_batches > 1:
             reasons.append(
                 "asynchronous scheduling or pipeline parallelism (entries are committed one "

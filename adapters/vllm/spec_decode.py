@@ -1,0 +1,263 @@
+"""Speculative decoding with prefix caching: hybridcache's manager behind vLLM's ``align`` mode.
+
+How vLLM 0.32's V1 worker lays out recurrent states when it verifies draft tokens
+(``mamba_utils.preprocess_mamba`` / ``postprocess_mamba_fused_kernel`` and the GDN/KDA
+metadata builders), for a step that starts with ``c`` computed tokens and schedules
+``q = 1 + d`` tokens (``d`` drafts) of block size ``B``:
+
+* the step's state columns are ``cur .. cur + num_spec`` with ``cur = (c + q - 1) // B``;
+  the state after the step's ``t + 1``-th input is written into column ``cur + t``;
+* the initial state is read from column ``prev + a - 1`` (``prev``: the last step's
+  ``cur``, ``a``: its accepted count), copied into ``cur`` first when ``cur != prev``;
+* after sampling, if the accepted tokens pass a block boundary ``b``, the state at ``b``
+  is copied into column ``b // B - 1``.
+
+So every column needs a block of its own (a draft's state must not overwrite the
+accepted one), and once a request's accepted tokens pass ``(X + 1) * B``, column ``X``
+holds the state at that boundary and is never written again. A rejected draft's state
+only ever lands in a column past the accepted tokens.
+
+:class:`SpecDecodeKVCacheManager` maps this onto the core manager:
+
+* each step is ``allocate(q + lookahead, num_draft=d + lookahead)`` (the core's draft
+  slots account for the draft states; lookahead tokens are an EAGLE / MTP drafter's
+  KV positions), and the next step starts with ``accept(a)``: save points past the
+  accepted tokens are dropped by the core, so **a save point of a rejected token is never
+  registered** (pages past them stay with the request: the worker's tables are
+  append-only, see :meth:`SpecDecodeKVCacheManager._accept_keeping_pages`);
+* state columns get slots of their own from the core's index (evicting if needed); a
+  column the request has left for good is given back;
+* a save point at boundary ``b`` that survives ``accept`` is served by relabelling: the
+  slot of column ``b // B - 1``, which the worker has just filled with the state at
+  ``b``, becomes the snapshot's slot (or the rolling turn-end slot), and the save
+  point's fresh slot is freed. No copy is issued.
+
+Written for every drafter vLLM 0.32 runs with Mamba-style layers in ``align`` mode:
+n-gram (run on CPU here), EAGLE / MTP / DSpark-style draft models on GPU (their
+lookahead KV positions are allocated as drafts; not run here, no GPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.request import Request
+
+from hybridcache.manager import Allocation
+
+from .manager import NULL_SLOT, HybridKVCacheManager, _Tracked
+
+
+@dataclass
+class _SpecState:
+    """Per request: column slots the adapter owns, the step in flight, pending saves."""
+
+    owned: dict[int, int] = field(default_factory=dict)  # column -> slot
+    step: tuple[int, int, int] | None = None  # (c, q, d) of the step in flight
+    saves: list[tuple[int, int]] = field(default_factory=list)  # (boundary, core slot)
+
+
+class SpecDecodeKVCacheManager(HybridKVCacheManager):
+    """:class:`~.manager.HybridKVCacheManager` for engines with speculative decoding.
+
+    Args:
+        num_speculative_tokens: vLLM's ``num_speculative_tokens`` (state columns past the
+            current one that the worker writes draft states into).
+        Other arguments: :class:`~.manager.HybridKVCacheManager`'s.
+    """
+
+    def __init__(self, *args: Any, num_speculative_tokens: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.num_spec = num_speculative_tokens
+        self._spec: dict[str, _SpecState] = {}
+        self._draft = 0  # num_draft of the allocation being made (drafts + lookahead)
+        self._lookahead = 0  # lookahead positions of that allocation
+        self.rejected_saves = 0  # save points dropped because their token was rejected
+        self.draft_tokens = 0  # drafts verified (main-model drafts, not lookahead)
+        self.accepted_drafts = 0
+
+    # ------------------------------------------------------------------ allocation
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None,
+                       num_lookahead_tokens: int = 0, **kwargs: Any) -> KVCacheBlocks | None:
+        """As the base class; drafts and lookahead positions are core draft tokens."""
+        rid = request.request_id
+        st = self._spec.setdefault(rid, _SpecState())
+        if st.step is not None:
+            raise RuntimeError(f"request {rid}: allocated twice in one step")
+        c = request.num_computed_tokens + num_new_computed_tokens
+        d = max(0, c + num_new_tokens - request.num_tokens) if num_new_tokens else 0
+        self._lookahead = num_lookahead_tokens if num_new_tokens else 0
+        self._draft = d + self._lookahead if num_new_tokens else 0
+        try:
+            out = super().allocate_slots(
+                request, num_new_tokens + self._lookahead,
+                num_new_computed_tokens, new_computed_blocks, **kwargs,
+            )
+        finally:
+            self._draft = self._lookahead = 0
+        if out is not None and num_new_tokens:
+            st.step = (c, num_new_tokens, d)
+        return out
+
+    def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
+        from hybridcache.errors import OutOfSpaceError
+
+        try:
+            return self.manager.allocate(rid, num_tokens, num_draft=self._draft)
+        except OutOfSpaceError:
+            self.stats_counters.allocation_failures += 1
+            return None
+
+    def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
+        """Pages as the base class; a slot of its own for every state column."""
+        for k, gid in enumerate(self.attn_ids):
+            table = alloc.block_table[self.manager.groups[k]]
+            old = tr.tables[gid]
+            if table[: len(old)] != old:
+                raise RuntimeError("hybridcache changed pages the worker already holds")
+            self._new_block_ids.extend(table[len(old):])
+            tr.tables[gid] = list(table)
+        if not self.mamba_ids:
+            return
+        rid = tr.request.request_id
+        st = self._spec[rid]
+        end = alloc.start + alloc.num_tokens - self._lookahead  # the main model's tokens
+        last = (end - 1) // self.block_size + self.num_spec
+        while len(tr.cols) <= last:
+            slot = self.manager.index.alloc_slot()
+            if slot is None:
+                raise RuntimeError("hybridcache: no state slot for a speculative column")
+            st.owned[len(tr.cols)] = slot
+            tr.cols.append(slot)
+        mreq = self.manager.requests[rid]
+        for sp in alloc.save_points:
+            st.saves.append((sp.boundary, sp.slot))
+            unit = sp.boundary // self.block_size - 1
+            if sp.boundary % self.block_size == 0 and 0 <= unit < len(mreq.hasher.digests):
+                self._pending_snaps.add(mreq.hasher.digests[unit])  # (drafts: not hashed)
+        for j, gid in enumerate(self.mamba_ids):
+            tr.tables[gid] = [self._state_blocks(s, j) for s in tr.cols]
+
+    # ------------------------------------------------------------------ accept
+    def new_step_starts(self) -> None:
+        """Accept the last step's tokens, serve its surviving saves, then commit."""
+        for tr in list(self._tracked.values()):
+            self._accept_step(tr)
+        super().new_step_starts()
+
+    def _accept_step(self, tr: _Tracked) -> None:
+        rid = tr.request.request_id
+        st = self._spec.get(rid)
+        if st is None or st.step is None:
+            return
+        c, q, d = st.step
+        st.step = None
+        mreq = self.manager.requests[rid]
+        n_step = mreq.num_allocated - mreq.step_start
+        a = min(max(tr.request.num_computed_tokens - mreq.step_start, 1), n_step)
+        end = mreq.step_start + a
+        if d:
+            self.draft_tokens += d
+            self.accepted_drafts += min(a - 1, d)
+        if mreq.draft_slots or a < n_step:
+            self._accept_keeping_pages(mreq, a, end)
+        for boundary, core_slot in st.saves:
+            self._serve_save(st, mreq, boundary, core_slot, end)
+        st.saves = []
+        self._free_dead_columns(st, min(end // self.block_size, (c + q - 1) // self.block_size))
+
+    def _accept_keeping_pages(self, mreq: Any, a: int, end: int) -> None:
+        """``accept(a)``, but the pages past the accepted tokens stay with the request.
+
+        The worker's block tables are append-only: a page it was given for a draft
+        position stays in its table and receives that position's KV again at the next
+        step. The core would free it at ``accept``; it is taken out of the request's
+        table for the call and put back after, so it stays the request's until freed
+        (as vLLM's own manager keeps over-allocated blocks). Its units are registered
+        only once computed with known tokens, like any page.
+        """
+        keep = max(-(-end // self.manager.unit), mreq.units)
+        spare = [t[keep:] for t in mreq.pages]
+        for t in mreq.pages:
+            del t[keep:]
+        allocated = mreq.units_allocated
+        mreq.units_allocated = min(allocated, keep)
+        self.manager.accept(mreq.id, a)
+        for t, extra in zip(mreq.pages, spare):
+            t.extend(extra)
+        mreq.units_allocated = allocated
+
+    def _serve_save(self, st: _SpecState, mreq: Any, boundary: int, core_slot: int,
+                    end: int) -> None:
+        """Make column ``boundary // B - 1``'s slot the save point's slot (see module doc)."""
+        col = boundary // self.block_size - 1
+        rolling = boundary == mreq.rolling_boundary and mreq.rolling_slot == core_slot
+        kept = rolling or mreq.saves.get(boundary) == core_slot
+        if not kept:  # accept() dropped it: the boundary's token was rejected
+            self.rejected_saves += 1
+            return
+        if boundary > end or boundary % self.block_size or col not in st.owned:
+            self.manager.cancel_save(mreq.id, boundary)
+            self.stats_counters.saves_dropped += 1
+            return
+        slot = st.owned.pop(col)
+        if rolling:
+            mreq.rolling_slot = slot
+        else:
+            mreq.saves[boundary] = slot
+        self.manager.arena.free_slot(core_slot)
+        self.stats_counters.saves_in_place += 1
+
+    def _free_dead_columns(self, st: _SpecState, below: int) -> None:
+        """Give back owned columns the worker will neither read nor write again."""
+        for col in [x for x in st.owned if x < below]:
+            self.manager.arena.free_slot(st.owned.pop(col))
+
+    # ------------------------------------------------------------------ free
+    def free(self, request: Request) -> None:
+        rid = request.request_id
+        tr = self._tracked.get(rid)
+        if tr is not None and rid in self.manager.requests:
+            self._accept_step(tr)
+        super().free(request)
+        st = self._spec.pop(rid, None)
+        if st is not None:
+            self._free_dead_columns(st, 1 << 62)
+
+    def _held_blocks(self) -> int:
+        owned = sum(len(st.owned) for st in self._spec.values())
+        return super()._held_blocks() + owned * self.slot_blocks
+
+    def stats(self) -> dict[str, object]:
+        out = super().stats()
+        out.update(draft_tokens=self.draft_tokens, accepted_drafts=self.accepted_drafts,
+                   rejected_saves=self.rejected_saves,
+                   column_slots=self.num_owned_column_slots)
+        return out
+
+    @property
+    def num_owned_column_slots(self) -> int:
+        """Column slots held for running requests (0 when none runs: the leak check)."""
+        return sum(len(st.owned) for st in self._spec.values())
+
+
+def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, Any]]:
+    """The manager class and extra arguments for this engine (the scheduler's one hook).
+
+    Raises:
+        ValueError: speculative decoding together with a KV connector (not supported).
+    """
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None:
+        return manager_cls, {}
+    if manager_cls is not HybridKVCacheManager:
+        raise ValueError(
+            "HybridCacheScheduler does not support speculative decoding with a KV connector"
+        )
+    return SpecDecodeKVCacheManager, {"num_speculative_tokens": int(spec.num_speculative_tokens)}
+
+
+__all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for"]

@@ -1,0 +1,311 @@
+"""Speculative decoding through ``HybridCacheScheduler``, scheduler level (no model).
+
+vLLM's real ``Scheduler`` runs with an n-gram-style speculative config; drafts are made up
+(a random number of them right, then wrong), and :class:`SpecWorker` plays vLLM 0.32's
+V1 worker for ``align`` mode with drafts (``preprocess_mamba``, the speculative state
+columns, ``postprocess_mamba_fused_kernel``; see ``adapters/vllm/spec_decode.py``). Each
+state block records which token prefix its state is of, so:
+
+* a step must start from the state of exactly its computed prefix (a wrong column, a
+  snapshot of another prefix or a clobbered block fails);
+* every registered snapshot must hold the state of an *accepted* prefix at a block
+  boundary: a rejected draft's state registered anywhere fails;
+* at the end no page or slot leaks (everything in use belongs to a cached entry).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+try:
+    import hybridcache.adapters.vllm  # noqa: F401
+except ImportError as exc:
+    pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
+
+import vllm_sched_harness as h  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+K = 3  # draft tokens per step
+
+
+def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
+                        admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None) -> Any:
+    """``vllm_sched_harness.make_scheduler`` with an n-gram speculative config of ``K``
+    tokens (Mamba blocks get ``K`` speculative columns, as vLLM's engine gives them).
+    ``manager_cls`` replaces the spec-decode manager (the mutation test)."""
+    import torch
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+    from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+    from vllm.v1.kv_cache_interface import (
+        FullAttentionSpec,
+        KVCacheConfig,
+        KVCacheGroupSpec,
+        MambaSpec,
+    )
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+
+    bs = h.BLOCK
+    model_config = ModelConfig(model=str(model_dir), dtype="bfloat16", seed=0,
+                               skip_tokenizer_init=True, max_model_len=8192)
+    vllm_config = VllmConfig(
+        model_config=model_config,
+        scheduler_config=SchedulerConfig(
+            max_num_seqs=8, max_num_batched_tokens=max_batched, max_model_len=8192,
+            enable_chunked_prefill=True, async_scheduling=False, is_encoder_decoder=False),
+        cache_config=CacheConfig(block_size=bs, enable_prefix_caching=True, mamba_cache_mode="align"),
+        speculative_config=SpeculativeConfig(method="ngram", num_speculative_tokens=K,
+                                             prompt_lookup_max=4, prompt_lookup_min=2),
+        additional_config={"hybridcache": {"admission": admission}},
+    )
+    mamba = MambaSpec(block_size=bs, shapes=((4, 130), (1, 128, 128)),
+                      dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode="align",
+                      mamba_type=MambaAttentionBackendEnum.GDN_ATTN, num_speculative_blocks=K)
+    attn = FullAttentionSpec(block_size=bs, num_kv_heads=2, head_size=64, dtype=torch.bfloat16)
+    kv_cache_config = KVCacheConfig(
+        num_blocks=num_blocks, kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["layers.0.linear_attn"], mamba),
+                         KVCacheGroupSpec(["layers.1.self_attn", "layers.3.self_attn"], attn)],
+        prefix_cache_retention_interval=vllm_config.cache_config.prefix_cache_retention_interval,
+        hash_block_size=bs, cache_hit_alignment_tokens=bs,
+    )
+    vllm_config.cache_config.num_gpu_blocks = num_blocks
+    sched = HybridCacheScheduler(
+        vllm_config=vllm_config, kv_cache_config=kv_cache_config,
+        structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs,
+        log_stats=True)
+    if manager_cls is not None:
+        old = sched.kv_cache_manager
+        sched.kv_cache_manager = manager_cls(
+            kv_cache_config, max_model_len=old.manager.spec.max_model_len,
+            config=old.manager.config, enable_caching=True, log_stats=True,
+            num_speculative_tokens=K)
+    return sched
+
+
+@dataclass
+class SpecWorker(h.SimWorker):
+    """:class:`vllm_sched_harness.SimWorker` with vLLM's speculative state columns."""
+
+    accepted: dict[str, int] = field(default_factory=dict)  # worker's num_accepted_tokens
+    good: set[tuple[int, str]] = field(default_factory=set)  # accepted prefix states
+
+    def run_step(self, out: Any, requests: dict[str, Any], rng: random.Random) -> Any:
+        """Apply ``out``, play the forward pass and sampling; the ``ModelRunnerOutput``."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        self.steps += 1
+        for rid in list(out.finished_req_ids) + list(out.preempted_req_ids or ()):
+            self.tables.pop(rid, None)
+            self.state_col.pop(rid, None)
+            self.accepted.pop(rid, None)
+        for b in out.new_block_ids_to_zero or ():
+            for pos in range(self.block_size):
+                self.kv.pop((b, pos), None)
+            self.state.pop(b, None)
+        fresh = h.mirror_tables(out, self.tables, self.state_col)
+        for rid in fresh:
+            self.accepted.pop(rid, None)
+        req_ids, sampled = list(out.num_scheduled_tokens), []
+        for rid in req_ids:
+            sampled.append(self._one(rid, out, requests[rid], rng))
+        return ModelRunnerOutput(req_ids=req_ids, req_id_to_index={r: i for i, r in enumerate(req_ids)},
+                                 sampled_token_ids=sampled)
+
+    def _one(self, rid: str, out: Any, req: Any, rng: random.Random) -> list[int]:
+        bs = self.block_size
+        q = out.num_scheduled_tokens[rid]
+        drafts = list(out.scheduled_spec_decode_tokens.get(rid, ()))
+        c = req.num_computed_tokens - q  # the scheduler advanced it by q
+        known = list(req.all_token_ids)
+        inputs = known[:c] + known[c : c + q - len(drafts)] + drafts
+        table = self.tables[rid]
+        curr = (c + q - 1) // bs
+        prev = self.state_col.get(rid, (c - 1) // bs if c else -1)
+        acc = self.accepted.get(rid, 1)
+        for g in self.mamba_groups:  # preprocess_mamba
+            assert len(table[g]) > curr + len(drafts), f"{rid}: speculative columns missing"
+            if prev != -1 and prev != curr:
+                self._copy(table[g][prev + acc - 1], table[g][curr])
+        if prev != -1 and prev != curr:
+            acc = 1
+        self.state_col[rid] = curr
+        for g in self.attn_groups:  # KV of the inputs, then reads
+            for pos in range(c, c + q):
+                b = table[g][pos // bs]
+                self.state.pop(b, None)
+                self.kv[(b, pos % bs)] = inputs[pos]
+            for pos in range(c + q):
+                got = self.kv.get((table[g][pos // bs], pos % bs))
+                assert got == inputs[pos], f"{rid}: KV at {pos} holds {got}"
+        for g in self.mamba_groups:
+            src = table[g][curr + acc - 1]
+            if c:
+                want = (c, h.prefix_digest(inputs[:c]))
+                assert self.state.get(src) == want, f"{rid}: starts from {self.state.get(src)}, needs {want}"
+            if drafts:
+                for t in range(q):
+                    self._write_state(table[g][curr + t], (c + t + 1, h.prefix_digest(inputs[: c + t + 1])))
+            else:
+                self._write_state(table[g][curr], (c + q, h.prefix_digest(inputs)))
+                if (c + q) % bs == 0:  # known tokens only: an accepted state
+                    self.good.add((c + q, h.prefix_digest(inputs)))
+        if c + q < req.num_tokens:  # a prefill chunk: nothing sampled
+            self.accepted[rid] = 1
+            return []
+        # Sampling: drafts that equal the model's tokens are accepted, then one more token.
+        seq, tokens = known[: c + q - len(drafts)], []
+        for dtok in drafts:
+            t = h.fake_token(seq)
+            tokens.append(t)
+            if t != dtok:
+                break
+            seq = seq + [t]
+        else:
+            tokens.append(h.fake_token(seq))
+        a = len(tokens)
+        for n in range(c + 1, c + a + 1):
+            if n % bs == 0:
+                self.good.add((n, h.prefix_digest((known[: c + q - len(drafts)] + tokens)[:n])))
+        self._postprocess(rid, c, q, len(drafts), a)
+        return tokens
+
+    def _postprocess(self, rid: str, c: int, q: int, d: int, a: int) -> None:
+        """``postprocess_mamba_fused_kernel``: the accepted block boundary's state into the
+        column of the block that ends there."""
+        bs = self.block_size
+        running = c + q - d
+        aligned = (running + a - 1) // bs * bs
+        self.accepted[rid] = a
+        if aligned < running:
+            return
+        bias, dst, curr = aligned - running, aligned // bs - 1, (c + q - 1) // bs
+        if curr == dst:
+            self.accepted[rid] = 1
+            if bias == 0:
+                return
+        for g in self.mamba_groups:
+            self._copy(self.tables[rid][g][curr + bias], self.tables[rid][g][dst])
+
+
+def drafts_for(sched: Any, rng: random.Random, p_right: float) -> Any:
+    """Draft tokens for every running decode: right with probability ``p_right`` each, until
+    the first wrong one (so 0..K drafts are accepted)."""
+    from vllm.v1.outputs import DraftTokenIds
+
+    ids, drafts = [], []
+    for req in sched.running:
+        if req.num_computed_tokens < req.num_tokens - 1 or req.is_finished():
+            continue
+        seq, ds = list(req.all_token_ids), []
+        for _ in range(K):
+            t = h.fake_token(seq) if rng.random() < p_right else rng.randrange(2, 500)
+            ds.append(t)
+            seq = seq + [t]
+        ids.append(req.request_id)
+        drafts.append(ds)
+    return DraftTokenIds(ids, drafts)
+
+
+def check_snapshots(sched: Any, worker: SpecWorker) -> None:
+    """Every registered snapshot holds an accepted prefix's state at a block boundary."""
+    km = sched.kv_cache_manager
+    for node in km.manager.index.nodes.values():
+        if node.snap < 0:
+            continue
+        got = worker.state.get(km._state_blocks(node.snap, 0))
+        assert got in worker.good, f"snapshot slot {node.snap} holds {got}, not an accepted state"
+
+
+def drive_spec(sched: Any, sessions: dict, seed: int, p_right: float) -> tuple[h.DriveResult, SpecWorker]:
+    kvc = sched.kv_cache_config
+    mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
+    attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
+    worker = SpecWorker(sched.block_size, mamba, attn)
+    rng = random.Random(seed)
+    steps = [0]
+
+    def step(out: Any, live: dict) -> Any:
+        res = worker.run_step(out, live, rng)
+        steps[0] += 1
+        return res
+
+    orig_update = sched.update_from_output
+
+    def update(out: Any, mro: Any) -> Any:
+        r = orig_update(out, mro)
+        sched.update_draft_token_ids(drafts_for(sched, rng, p_right))
+        check_snapshots(sched, worker)
+        return r
+
+    sched.update_from_output = update
+    res = h.run_sessions(sched, sessions, step, max_steps=20000)
+    return res, worker
+
+
+def _sessions(seed: int) -> dict:
+    return h.chats_and_document(seed, chats=3, turns=3, first=(40, 23), later=(30, 17),
+                                answers=(24, 20), questions=3)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_streams_accept_0_to_k_no_leak_no_rejected_state(model_dir, seed):
+    sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64")
+    res, worker = drive_spec(sched, _sessions(seed), seed, p_right=[0.0, 0.5, 0.8, 1.0][seed % 4])
+    km = sched.kv_cache_manager
+    assert km.num_owned_column_slots == 0
+    h.assert_ours_clean(sched)
+    assert sum(res.hits.values()) > 0
+    # the drafts were really verified: some steps accepted drafts, some rejected them
+    assert worker.steps > 0
+
+
+def test_outputs_equal_without_spec_decode(model_dir):
+    """Drafts change how many steps a request takes, never its tokens or what it hits."""
+    sessions = _sessions(11)
+    plain = h.make_scheduler(model_dir, __import__("hybridcache.adapters.vllm",
+                             fromlist=["HybridCacheScheduler"]).HybridCacheScheduler, 400,
+                             max_batched=256)
+    base = h.drive(plain, sessions)
+    spec = make_spec_scheduler(model_dir, 400)
+    res, _ = drive_spec(spec, sessions, 11, p_right=0.6)
+    assert res.outputs == base.outputs
+    assert sum(res.hits.values()) >= 0.95 * sum(base.hits.values())
+
+
+class _RegistersScratchState:
+    """Mutation: a save point whose boundary token was rejected is still served, from the
+    column the step wrote the (draft) state after that token into (vLLM #43559's kind of
+    failure: a rejected token's state becomes a cache entry)."""
+
+    def _accept_step(self, tr):
+        st = self._spec.get(tr.request.request_id)
+        self._mut_step = st.step if st is not None else None
+        return super()._accept_step(tr)
+
+    def _serve_save(self, st, mreq, boundary, core_slot, end):
+        if boundary <= end or self._mut_step is None:
+            return super()._serve_save(st, mreq, boundary, core_slot, end)
+        c, q, _ = self._mut_step
+        col = (c + q - 1) // self.block_size + (boundary - 1 - c)
+        if col in st.owned and boundary % self.block_size == 0:
+            mreq.saves[boundary] = st.owned.pop(col)
+        return None
+
+
+def test_mutation_registering_a_rejected_draft_state_fails(model_dir):
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutated(_RegistersScratchState, SpecDecodeKVCacheManager):
+        pass
+
+    sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64",
+                                manager_cls=Mutated)
+    with pytest.raises(AssertionError):
+        drive_spec(sched, _sessions(3), 3, p_right=0.5)
