@@ -21,10 +21,14 @@ is :class:`~.manager_external.ConnectorKVCacheManager`: it accepts the connector
 asynchronous loads of external tokens and hands it every snapshot it keeps, in the step
 that writes it, so the device cache and the host / Redis tier work together.
 
+With speculative decoding (``--speculative-config``), the manager is
+:class:`~.spec_decode.SpecDecodeKVCacheManager` (:mod:`.spec_decode`): draft-state columns
+map to the core's draft slots, so a rejected token's state is never registered.
+
 Configurations the adapter does not support are refused here, at engine start, with the
-reason (speculative decoding, asynchronous scheduling / pipeline parallelism, KV
-connectors other than ``HybridCacheConnector``, encoder-decoder models, models whose
-groups use different block sizes).
+reason (speculative decoding together with a KV connector, asynchronous scheduling /
+pipeline parallelism, KV connectors other than ``HybridCacheConnector``, encoder-decoder
+models, models whose groups use different block sizes).
 """
 
 from __future__ import annotations
