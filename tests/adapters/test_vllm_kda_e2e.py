@@ -6,9 +6,9 @@ and tokenizer are built here (``vllm_tiny_kimi.py``), nothing is downloaded. Eac
 fresh process (vLLM keeps process-wide state). Checks:
 
 * greedy outputs with hybridcache equal a caching-off run's, token for token;
-* hybridcache caches at least as many tokens as vLLM's default ``align`` prefix caching;
-  against vLLM's strongest setting (``prefix_match_unit=16``,
-  ``prefix_cache_retention_interval=None``) see the strict xfail below;
+* hybridcache caches at least as many tokens as vLLM's default ``align`` prefix caching
+  and as vLLM at its strongest setting (``prefix_match_unit=16``,
+  ``prefix_cache_retention_interval=None``);
 * the KDA state a hit restores (the snapshot's blocks, read from the engine) equals the
   state a caching-off engine has after the same prefix: conv state exactly, fp32
   recurrent state within ``STATE_TOL``; a snapshot compared with another prefix's state
@@ -67,9 +67,6 @@ def test_kda_cached_tokens_at_least_native_default(kda_runs):
     assert _total(kda_runs["ours"]) >= _total(kda_runs["native"]) > 0
 
 
-@pytest.mark.xfail(strict=True, reason="the adapter's hash unit is one vLLM block (128 tokens "
-                   "here); vLLM's prefix_match_unit=16 hits inside blocks. Flips when the "
-                   "fine-grained scheduler lands.")
 def test_kda_cached_tokens_at_least_native_strongest(kda_runs):
     assert _total(kda_runs["ours"]) >= _total(kda_runs["native16"])
 

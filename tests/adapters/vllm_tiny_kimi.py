@@ -181,21 +181,34 @@ def _state_at(layers: dict, block: int, width: int) -> dict:
 
 
 def hit_snapshot_states(llm, prompts: dict[str, tuple[list[int], int]]) -> dict:
-    """States of the snapshots our manager registered at each prompt's hit boundary.
+    """States of the snapshots our scheduler restored at each prompt's hit boundary.
 
-    A probe request hashes the prompt (no allocation), the index names the snapshot of the
-    boundary's unit, and the snapshot's vLLM blocks are read from the KDA layers."""
+    A hit on a block boundary reads the manager's snapshot: a probe request hashes the
+    prompt (no allocation) and the index names the snapshot of the boundary's unit. A hit
+    inside a block (a sub-block tail, :mod:`hybridcache.adapters.vllm.fine`) reads the
+    tail whose last unit ends at the boundary. Either way the slot's vLLM blocks are read
+    from the KDA layers."""
+    from hybridcache.hashing import TokenHasher
+
     km = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
     mgr, layers, out = km.manager, kda_layers_of(llm), {}
     width = kimi_config()["linear_attn_config"]["short_conv_kernel_size"]
     for name, (ids, boundary) in prompts.items():
-        mgr.add_request("probe", ids)
-        try:
-            node = mgr.index.handles[mgr.requests["probe"].hasher.digests[boundary // km.block_size - 1]]
-            (block,) = {km._state_blocks(node.snap, j) for j in range(len(km.mamba_ids))}
-            out[name] = _state_at(layers, block, width)
-        finally:
-            mgr.free("probe", finished=False)
+        if boundary % km.block_size:
+            tails = km.tails
+            cfg = mgr.config
+            hasher = TokenHasher(tails.unit, cfg.hash_algo, cfg.hash_seed)
+            hasher.extend(list(ids[:boundary]))
+            slot = tails.by_key[hasher.digests[boundary // tails.unit - 1]].slot
+        else:
+            mgr.add_request("probe", ids)
+            try:
+                digest = mgr.requests["probe"].hasher.digests[boundary // km.block_size - 1]
+                slot = mgr.index.handles[digest].snap
+            finally:
+                mgr.free("probe", finished=False)
+        (block,) = {km._state_blocks(slot, j) for j in range(len(km.mamba_ids))}
+        out[name] = _state_at(layers, block, width)
     return out
 
 
