@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from hybridcache.admission import admission_points
-from hybridcache.errors import InvalidRequestError
 from hybridcache.arena import ArenaLayout
+from hybridcache.errors import InvalidRequestError
 from hybridcache.events import CacheEvent, EventLog, EventQueue, Observer, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
