@@ -87,6 +87,7 @@ def test_a_victim_is_copied_before_the_evicting_call_hands_its_pages_on():
     }
     other = list(range(2000, 2040))
     serve(m, st, "b", other, coordinator=coord)
+    coord.flush()
     events = watch.take()
     b_pages = {
         p for ev in events if ev.action == STORED and ev.kind == "kv"
