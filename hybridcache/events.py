@@ -1,9 +1,12 @@
 """The cache's event stream: what was stored in, removed from or cleared out of the device
 cache, taken out by the engine (:meth:`hybridcache.port.EnginePort.take_events`).
 
-Observers are not called back from inside the cache: the index appends events to a list
-while a call runs and the engine takes them once the call returned (vLLM's
-``take_events()``, SGLang's ``take_events``). A removed entry's pages or slot stay intact
+The index appends events to an :class:`EventLog` while a call runs and the engine takes
+them out once the call returned (vLLM's ``take_events()``, SGLang's ``take_events``); each
+consumer has its own :class:`EventQueue` (:meth:`~hybridcache.port.EnginePort.subscribe`),
+so one consumer's take never steals another's events. A consumer that must act inside the
+call (an offload tier copying a victim's bytes before the same call hands its pages to
+another request) passes an observer in at the port's construction instead. A removed entry's pages or slot stay intact
 until the engine next writes the arena (the bytes of a victim are only overwritten by a
 step the engine runs later), so a tier can copy them out from the event before it runs the
 step. Recording is off until an :class:`~hybridcache.port.EnginePort` asks for it: the

@@ -17,7 +17,8 @@ bounded. Design choices and why:
 * **Spilling**: ``on_evict(key, entry, ttl_left_s, priority)``, if given, receives every
   entry evicted for room (capacity or quota; not expiry, delete or replacement), after the
   lock is released and in the thread whose put evicted it, so a stack of tiers can demote
-  host memory's victims to Redis instead of losing them. The entry's pieces are zero-copy
+  host memory's victims to Redis instead of losing them. More observers can be registered
+  with :meth:`HostTier.add_evict_observer` (the offload coordinator's spill). The entry's pieces are zero-copy
   views of the evicted buffer, which they keep alive.
 
 The byte budget counts what the tier holds (aligned payload + header). Returned views keep
