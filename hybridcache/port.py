@@ -16,7 +16,10 @@ internals and change without notice. The port gives
   reads (its slot is the step's input) from eviction;
 - :meth:`import_prefix`: register a prefix whose bytes a tier loaded into the arena
   (:class:`~hybridcache.port_import.PrefixImport`);
-- :meth:`take_events`: the event stream (:mod:`hybridcache.events`).
+- :meth:`take_events`: the event stream (:mod:`hybridcache.events`); :meth:`subscribe`
+  opens an independent queue of it for a second consumer, and an ``observer`` passed in at
+  construction sees each event synchronously (an offload tier copying a removed entry's
+  bytes out before the same call hands its pages to another request).
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from hybridcache.admission import admission_points
+from hybridcache.arena import ArenaLayout
 from hybridcache.errors import InvalidRequestError
-from hybridcache.events import CacheEvent, cleared_event
+from hybridcache.events import CacheEvent, EventLog, EventQueue, Observer, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
 from hybridcache.plans import Allocation, CacheConfig, MatchResult
@@ -37,7 +41,6 @@ from hybridcache.runs import hold_tables
 from hybridcache.spec import ModelSpec
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.arena import ArenaLayout
     from hybridcache.index import UnitHandle
     from hybridcache.manager import HybridCacheManager
     from hybridcache.port_import import PrefixImport
@@ -83,6 +86,14 @@ class RequestView:
         """Digests of the request's full units, in chain order (a read-only copy)."""
         return tuple(self._r.hasher.digests)
 
+    def __eq__(self, other: object) -> bool:
+        """Views are equal when they view the same request record (a request id freed and
+        added again is a new record)."""
+        return isinstance(other, RequestView) and other._r is self._r
+
+    def __hash__(self) -> int:
+        return id(self._r)
+
     def __repr__(self) -> str:
         r = self._r
         return f"RequestView({r.id!r}, tokens={r.num_tokens}, computed={r.num_computed})"
@@ -118,15 +129,37 @@ class SnapshotPin(NamedTuple):
 class EnginePort:
     """The interface an engine uses (module docstring)."""
 
-    def __init__(self, manager: HybridCacheManager, *, record_events: bool = True) -> None:
+    def __init__(
+        self,
+        manager: HybridCacheManager,
+        *,
+        record_events: bool = True,
+        observer: Observer | None = None,
+    ) -> None:
+        """``record_events``: keep the default queue :meth:`take_events` reads (one per
+        manager, shared by its ports). ``observer``: called with every event as it happens,
+        inside the cache call (see :class:`~hybridcache.events.EventLog` for its contract);
+        :meth:`close` detaches it."""
         self._m = manager
         # Pages and slots the engine owns (reserve_page, take_save_slot): the invariant
         # check counts them as owned.
         self._engine_pages = 0
         self._engine_slots = 0
-        index = manager.index
-        if record_events and index.events is None:
-            index.events = []
+        self._observer = observer
+        if record_events:
+            self._log().default_queue()
+        if observer is not None:
+            self._log().observe(observer)
+
+    def _log(self) -> EventLog:
+        """The manager's event log, installed on first use (until then the index records
+        nothing: its hot path pays one ``is None`` test)."""
+        index = self._m.index
+        log = index.events
+        if not isinstance(log, EventLog):
+            log = EventLog()
+            index.events = log  # type: ignore[assignment]
+        return log
 
     # ------------------------------------------------------------------ properties
     @property
@@ -352,13 +385,24 @@ class EnginePort:
 
     # ------------------------------------------------------------------ events
     def take_events(self) -> list[CacheEvent]:
-        """Events since the last call, oldest first (:mod:`hybridcache.events`)."""
-        index = self._m.index
-        events = index.events
-        if not events:
+        """Events since the last call, oldest first (:mod:`hybridcache.events`), from the
+        default queue (shared by the manager's ports that record events)."""
+        log = self._m.index.events
+        if not isinstance(log, EventLog) or not log.has_default:
             return []
-        index.events = []
-        return events
+        return log.default_queue().take()
+
+    def subscribe(self) -> EventQueue:
+        """An independent queue of the event stream from now on: its ``take()`` never
+        takes another consumer's events (nor :meth:`take_events`'); ``close()`` it when
+        done."""
+        return self._log().subscribe()
+
+    def close(self) -> None:
+        """Detach the ``observer`` passed in at construction (idempotent)."""
+        if self._observer is not None:
+            self._log().unobserve(self._observer)
+            self._observer = None
 
     def check_invariants(self) -> None:
         """Check the manager's, index's and arena's invariants (raises ``AssertionError``)."""

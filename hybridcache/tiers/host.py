@@ -17,7 +17,8 @@ bounded. Design choices and why:
 * **Spilling**: ``on_evict(key, entry, ttl_left_s, priority)``, if given, receives every
   entry evicted for room (capacity or quota; not expiry, delete or replacement), after the
   lock is released and in the thread whose put evicted it, so a stack of tiers can demote
-  host memory's victims to Redis instead of losing them. The entry's pieces are zero-copy
+  host memory's victims to Redis instead of losing them. More observers can be registered
+  with :meth:`HostTier.add_evict_observer` (the offload coordinator's spill). The entry's pieces are zero-copy
   views of the evicted buffer, which they keep alive.
 
 The byte budget counts what the tier holds (aligned payload + header). Returned views keep
@@ -47,6 +48,9 @@ from hybridcache.tiers.limits import TenantLimits
 
 _ALIGN = 64
 _log = logging.getLogger("hybridcache.tiers.host")
+
+#: ``(key, entry, ttl_left_s, priority)`` of an entry the tier evicted for room.
+EvictObserver = Callable[[EntryKey, Entry, float | None, float], None]
 
 
 @dataclass(eq=False)
@@ -102,6 +106,7 @@ class HostTier(Tier):
         self.verify_reads = verify_reads
         self._clock = clock
         self.on_evict = on_evict
+        self._evict_observers: list[EvictObserver] = []
         self._lock = threading.RLock()
         self._slots: dict[EntryKey, _Slot] = {}
         self._used = 0
@@ -115,6 +120,15 @@ class HostTier(Tier):
         self._auth = EntryAuth(os.urandom(32))
 
     # ------------------------------------------------------------------ public API
+
+    def add_evict_observer(self, observer: EvictObserver) -> None:
+        """Also hand every entry evicted for room to ``observer`` (after ``on_evict``), e.g.
+        an offload coordinator spilling it to the next tier; same contract as ``on_evict``."""
+        self._evict_observers.append(observer)
+
+    def remove_evict_observer(self, observer: EvictObserver) -> None:
+        """Stop handing evictions to ``observer`` (idempotent)."""
+        self._evict_observers = [o for o in self._evict_observers if o is not observer]
 
     def put(
         self, key: EntryKey, entry: Entry, *, ttl_s: float | None = None, priority: float = 0.0
@@ -158,7 +172,7 @@ class HostTier(Tier):
             )
             self._insert(slot)
         self._counters.add(puts=1, bytes_in=encoded.nbytes)
-        if victims and self.on_evict is not None:
+        if victims and (self.on_evict is not None or self._evict_observers):
             self._spill(victims, now)
         return True
 
@@ -286,9 +300,17 @@ class HostTier(Tier):
             ttl_left = None if slot.expires_at is None else max(slot.expires_at - now, 1e-3)
             try:
                 entry = decode(slot.key, slot.header, chunks, self._auth, verify=False)
-                self.on_evict(slot.key, entry, ttl_left, slot.priority)  # type: ignore[misc]
             except Exception:  # a spill target's bug must not fail this put
-                _log.exception("host tier: on_evict failed for an evicted entry")
+                _log.exception("host tier: decoding an evicted entry failed")
+                continue
+            observers = [self.on_evict, *self._evict_observers]
+            for observe in observers:
+                if observe is None:
+                    continue
+                try:
+                    observe(slot.key, entry, ttl_left, slot.priority)
+                except Exception:  # a spill target's bug must not fail this put
+                    _log.exception("host tier: on_evict failed for an evicted entry")
 
     def _evict_until(
         self, heap: list, tenant: str | None, limit: int, victims: list[_Slot]

@@ -2,20 +2,25 @@
 
 Two paths, both driven from the engine's thread:
 
-* **Demotion** (device -> first tier). The coordinator chains itself into the index's
-  ``on_evict`` hook, which runs right after an entry's pages or slot were freed in the arena
-  and before anything can reuse them: the bytes are copied out synchronously (one ``copy_``
+* **Demotion** (device -> first tier). The coordinator's engine port is built with an
+  observer of the event stream (:class:`~hybridcache.events.EventLog`): a ``removed``
+  event reaches it inside the cache call, right after the entry's pages or slot were freed
+  and before anything can write them, and the bytes are copied out there (one ``copy_``
   per piece into fresh host memory, pinned on CUDA) and handed to the first tier's
-  non-blocking ``put``. :class:`~hybridcache.tiers.offload_policy.DemotionPolicy` decides what
+  non-blocking ``put``. Taking the events out after the call would be too late: the call
+  that evicts an entry may hand its pages to the request it allocates for, and an engine
+  (the reference runner, vLLM's model runner) writes them right after the call returns
+  with nothing in between to drain a queue. :class:`~hybridcache.tiers.offload_policy.DemotionPolicy` decides what
   is worth it (snapshots and the KV below them; not a never-hit, request-unique tail). A
   :class:`~hybridcache.tiers.HostTier` in the stack spills its own victims to the next tier.
 * **Prefetch** (tiers -> device), called by the engine after ``add_request`` and before the
   first ``allocate``. It finds the deepest boundary past the device hit such that every
   unit below it has KV (on the device or in a tier) and a snapshot sits at it, probing
   with batched ``contains_many`` in doubling windows (O(log n) round trips); then holds the
-  device part of that path, allocates pages and a slot through the index (evicting, and so
-  demoting, as needed), copies the bytes in, and registers them as cached, evictable
-  entries: the manager's ordinary ``match`` now hits. It returns a
+  device part of that path, allocates pages and a slot through the port's
+  :class:`~hybridcache.port_import.PrefixImport` (evicting, and so demoting, as needed),
+  copies the bytes in, and registers them as cached, evictable entries: the manager's
+  ordinary ``match`` now hits. It returns a
   :class:`~hybridcache.tiers.offload_plan.LoadPlan`.
 
 **KV and state together.** A snapshot at boundary ``b`` is loaded only once every unit
@@ -33,17 +38,19 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from hybridcache.index import Hold, UnitHandle
+from hybridcache.events import REMOVED, CacheEvent
 from hybridcache.manager import HybridCacheManager
-from hybridcache.requests import Request
+from hybridcache.policies.value import greedy_dual_priority
+from hybridcache.port import EnginePort, RequestView
+from hybridcache.port_import import PrefixImport
 from hybridcache.storage import ArenaStorage
 from hybridcache.tiers.base import Tier
 from hybridcache.tiers.errors import TierConfigError
 from hybridcache.tiers.format import Entry
-from hybridcache.tiers.host import HostTier
+from hybridcache.tiers.host import EvictObserver, HostTier
 from hybridcache.tiers.keys import EntryKey
 from hybridcache.tiers.offload_io import DeviceIO, UnitKeys, layout_fingerprint
 from hybridcache.tiers.offload_lookup import TierLookup
@@ -75,13 +82,10 @@ class _Probe:
 
 @dataclass
 class _Work:
-    """Resources a prefetch holds until it registers them (or gives them back)."""
+    """What a prefetch loaded so far; the pages, slot and holds are the import's."""
 
-    held: list[Hold] = field(default_factory=list)  # device KV on the path, and new runs
-    pinned: list[UnitHandle] = field(default_factory=list)
-    pages: dict[int, tuple[int, ...]] = field(default_factory=dict)  # unit -> private pages
-    slot: int = -1  # reserved before the KV, so a full arena still fits a snapshot
-    snap_loaded: bool = False
+    imp: PrefixImport
+    snap_loaded: bool = False  # the import's slot holds a loaded snapshot
     planned_bytes: int = 0
     by_tier: dict[str, int] = field(default_factory=dict)
 
@@ -93,7 +97,9 @@ class OffloadCoordinator:
     """Demotes evicted device entries into ``tiers`` and loads prefixes back on a miss.
 
     Args:
-        manager: the engine's manager (its index gets the eviction hook).
+        manager: the engine's manager; the coordinator drives it through its own
+            :class:`~hybridcache.port.EnginePort` (built with the removal observer), so an
+            engine's own port, ``take_events`` and subscriptions are untouched.
         storage: the arena tensors behind the manager's page and slot ids.
         tiers: fastest first, e.g. ``[HostTier, RedisTier]`` or ``[RedisTier]``. Demotions
             go to ``tiers[0]``; a HostTier spills its victims to the tier after it; loads
@@ -122,40 +128,40 @@ class OffloadCoordinator:
     ) -> None:
         if not tiers:
             raise TierConfigError("OffloadCoordinator: need at least one tier")
-        if storage.layout != manager.layout:
-            raise TierConfigError("OffloadCoordinator: storage was built for another layout")
         if probe_batch <= 0 or load_batch_bytes <= 0:
             raise TierConfigError("probe_batch and load_batch_bytes must be positive")
-        self.manager = manager
+        port = EnginePort(manager, record_events=False)
+        if storage.layout != port.layout:
+            raise TierConfigError("OffloadCoordinator: storage was built for another layout")
         self.storage = storage
         self.tiers = list(tiers)
         self.policy = policy or DemotionPolicy()
         self.probe_batch = probe_batch
         self.load_batch_bytes = load_batch_bytes
         self.tier_names = [f"{i}:{type(t).__name__}" for i, t in enumerate(self.tiers)]
-        self.fingerprint = layout_fingerprint(manager.spec, manager.layout, manager.unit)
+        self.port = port = EnginePort(manager, record_events=False, observer=self._on_event)
+        self.fingerprint = layout_fingerprint(port.spec, port.layout, port.unit)
         self.keys = UnitKeys(self.fingerprint)
-        self.io = DeviceIO(storage, manager.groups)
+        self.io = DeviceIO(storage, port.attention_groups)
         self.metrics = OffloadMetrics()
         self.lookup = TierLookup(self.tiers, self.tier_names, self.metrics)
         self._paths = PathMemory(path_memory)
-        self._settled_tick = -1  # requests are only freed by calls that advance the tick
+        self._settled_step = -1  # requests are only freed by calls that advance the step
         self._stored = StoredMemory(stored_memory, stored_max_age_s)
-        warn_if_unseeded(manager.config.hash_seed, self.tiers)
-        self._unit_flops = manager.spec.flops.prefill_flops(0, manager.unit)
+        warn_if_unseeded(port.config.hash_seed, self.tiers)
+        self._unit_flops = port.spec.flops.prefill_flops(0, port.unit)
         self._warned: set[str] = set()
-        self._chained = manager.index.on_evict
-        manager.index.on_evict = self._on_evict
-        self._host_hooks: list[tuple[HostTier, Callable[..., None] | None]] = []
+        self._spills: list[tuple[HostTier, EvictObserver]] = []
         for i, tier in enumerate(self.tiers):
             if isinstance(tier, HostTier):
-                self._host_hooks.append((tier, tier.on_evict))
-                tier.on_evict = self._spill_hook(i, tier.on_evict)
+                spill = self._spill_to(i + 1)
+                tier.add_evict_observer(spill)
+                self._spills.append((tier, spill))
 
     # ------------------------------------------------------------------ public API
     def track(self, request_id: str) -> None:
         """Remember a live request's path for the demotion rule (``prefetch`` does this)."""
-        req = self.manager.requests.get(request_id)
+        req = self.port.request(request_id)
         if req is not None:
             self._paths.track(req)
 
@@ -168,19 +174,20 @@ class OffloadCoordinator:
         for tier trouble: misses, metrics and a warning instead.
         """
         self.metrics.prefetch_calls += 1
-        req = self.manager.requests.get(request_id)
+        req = self.port.request(request_id)
         if req is None or req.allocated:
             return None
         self._paths.track(req)
-        work = _Work()
-        try:
-            return self._prefetch(req, work, time.perf_counter())
-        except Exception as exc:  # never into the engine: the request just misses
-            self.metrics.prefetch_errors += 1
-            self._warn("prefetch", exc)
-            return None
-        finally:
-            self._give_back(work)
+        with self.port.import_prefix(request_id) as imp:
+            work = _Work(imp)
+            try:
+                return self._prefetch(req, work, time.perf_counter())
+            except Exception as exc:  # never into the engine: the request just misses
+                self.metrics.prefetch_errors += 1
+                self._warn("prefetch", exc)
+                return None
+            finally:  # what was not registered is freed by the import
+                self.metrics.load_discarded += len(imp.pages) + (work.snap_loaded and imp.slot >= 0)
 
     def flush(self, timeout_s: float | None = None) -> bool:
         """Wait for every tier's queued writes; ``True`` if none is left."""
@@ -193,94 +200,98 @@ class OffloadCoordinator:
         return out
 
     def close(self) -> None:
-        """Detach from the index and the host tiers (the tiers stay open: they are the
-        caller's). Queued writes are flushed first."""
+        """Detach from the event stream and the host tiers (the tiers stay open: they are
+        the caller's). Queued writes are flushed first."""
         self.flush()
-        if self.manager.index.on_evict == self._on_evict:
-            self.manager.index.on_evict = self._chained
-        for tier, previous in self._host_hooks:
-            tier.on_evict = previous
-        self._host_hooks = []
+        self.port.close()
+        for tier, spill in self._spills:
+            tier.remove_evict_observer(spill)
+        self._spills = []
 
     # ------------------------------------------------------------------ demotion
-    def _on_evict(self, kind: str, node: UnitHandle, nbytes: int) -> None:
-        if self._chained is not None:
-            self._chained(kind, node, nbytes)
+    def _on_event(self, event: CacheEvent) -> None:
+        """The port's observer: runs inside the evicting call, bytes still intact."""
+        if event.action != REMOVED:
+            return
         try:
-            self._demote(kind, node)
+            self._demote(event)
         except Exception as exc:  # a failed demotion is a later miss, never an engine error
             self.metrics.demote_errors += 1
             self._warn("demote", exc)
 
-    def _demote(self, kind: str, node: UnitHandle) -> None:
+    def _demote(self, ev: CacheEvent) -> None:
         pol, met = self.policy, self.metrics
-        if kind == "state":
+        digest = ev.digests[0]
+        if ev.kind == "state":
             if not pol.snapshots:
                 met.demote_skipped_policy += 1
                 return
-            key = self.keys.snap(node.tenant, node.digest)
+            key = self.keys.snap(ev.tenant, digest)
         else:
             if not self.io.groups:
                 return  # a pure-state model's KV units carry no bytes
-            if not self._keep_kv(node):
+            if not self._keep_kv(ev):
                 met.demote_skipped_policy += 1
                 return
-            key = self.keys.kv(node.tenant, node.digest)
+            key = self.keys.kv(ev.tenant, digest)
         if self._is_stored(key):
             met.demote_skipped_stored += 1
             return
-        if kind == "state":
-            entry = self.io.read_snapshot(node.snap, node.depth)
-            value = self._priority(node.snap_flops, self.io.state_span, node.snap_hits)
+        if ev.kind == "state":
+            entry = self.io.read_snapshot(ev.locations[0], ev.depth)
+            value = self._priority(ev.flops, self.io.state_span, ev.hits)
         else:
-            assert node.pages is not None
-            entry = self.io.read_kv(node.pages, node.depth)
-            value = self._priority(node.kv_flops, self.io.kv_bytes, node.kv_hits)
+            entry = self.io.read_kv(ev.locations[0], ev.depth)
+            value = self._priority(ev.flops, self.io.kv_bytes, ev.hits)
         if not self.tiers[0].put(key, entry, ttl_s=pol.ttl_s, priority=value):
             met.demote_dropped += 1
             return
         self._mark_stored(key, loaded=False)
         met.demoted_bytes += entry.nbytes
-        if kind == "state":
+        if ev.kind == "state":
             met.demoted_snapshots += 1
         else:
             met.demoted_kv += 1
 
-    def _keep_kv(self, node: UnitHandle) -> bool:
+    def _keep_kv(self, ev: CacheEvent) -> bool:
         """The KV half of the demotion rule (see :mod:`.offload_policy`)."""
-        pol = self.policy
-        if pol.kv == "all" or node.snap >= 0 or not self.manager.has_state:
+        pol, port = self.policy, self.port
+        if pol.kv == "all" or not port.has_state or port.has_snapshot(ev.digests[0]):
             return True  # without state every KV prefix is usable on its own
-        if pol.min_kv_hits and node.kv_hits >= pol.min_kv_hits:
+        if pol.min_kv_hits and ev.hits >= pol.min_kv_hits:
             return True
-        if self._settled_tick != self.manager.tick:  # once per burst of evictions
-            self._settled_tick = self.manager.tick
-            self._paths.settle(self.manager.requests, self._has_snapshot)
-        covered = self._paths.covered(node.digest)
+        if self._settled_step != port.step_count:  # once per burst of evictions
+            self._settled_step = port.step_count
+            self._paths.settle(port.request, self._has_snapshot)
+        covered = self._paths.covered(ev.digests[0])
         return covered is None or covered
 
     def _has_snapshot(self, tenant: str | None, digest: bytes) -> bool:
-        node = self.manager.index.handles.get(digest)
-        if node is not None and node.snap >= 0:
+        if self.port.has_snapshot(digest):
             return True
         return self._is_stored(self.keys.snap(tenant, digest))
 
     def _priority(self, flops: float, nbytes: int, hits: int) -> float:
+        """The tier's rank of an entry: the core's GreedyDual priority (clock 0: a tier
+        ages by LRU among equals), normalised so one never-hit unit of KV is 1.0.
+
+        The frequency passed is ``hits + 1``, the entry's uses counting the computation
+        that produced it: the core's hit term ``max(hits, 1)`` ranks a device entry reused
+        once like one never reused, but for a tier that reuse is the evidence the demotion
+        rule (``min_kv_hits=1``) keeps it on, so the tier must rank it above a never-hit one.
+        """
         if self.policy.priority == "lru":
             return 0.0
         per_byte_of_kv = self._unit_flops / max(self.io.kv_bytes, 1)
-        return (hits + 1) * flops / max(nbytes, 1) / max(per_byte_of_kv, 1e-30)
+        per_byte = 1.0 / (max(nbytes, 1) * max(per_byte_of_kv, 1e-30))
+        return greedy_dual_priority(0.0, hits + 1, flops, per_byte)
 
-    def _spill_hook(
-        self, i: int, previous: Callable[..., None] | None
-    ) -> Callable[[EntryKey, Entry, float | None, float], None]:
-        """HostTier ``i``'s eviction hook: pass the victim to tier ``i + 1``."""
+    def _spill_to(self, below: int) -> EvictObserver:
+        """A HostTier's eviction observer: pass the victim to tier ``below`` (if any)."""
 
         def spill(key: EntryKey, entry: Entry, ttl_left: float | None, priority: float) -> None:
-            if previous is not None:
-                previous(key, entry, ttl_left, priority)
-            below = self.tiers[i + 1] if i + 1 < len(self.tiers) else None
-            if below is not None and below.put(key, entry, ttl_s=ttl_left, priority=priority):
+            tier = self.tiers[below] if below < len(self.tiers) else None
+            if tier is not None and tier.put(key, entry, ttl_s=ttl_left, priority=priority):
                 self.metrics.spilled_entries += 1
                 return
             self._stored.forget(key)  # gone from every tier: demote it again next time
@@ -305,41 +316,41 @@ class OffloadCoordinator:
         return self._stored.known(key)
 
     # ------------------------------------------------------------------ prefetch
-    def _prefetch(self, req: Request, work: _Work, t0: float) -> LoadPlan | None:
-        m = self.manager
-        digests = req.hasher.digests
-        max_units = min((req.num_tokens - 1) // m.unit, len(digests))
-        kv_units, snap_units, snap_node = m.index.walk(digests, max_units)
-        dev_hit = snap_units if m.has_state else kv_units
+    def _prefetch(self, req: RequestView, work: _Work, t0: float) -> LoadPlan | None:
+        port = self.port
+        digests = list(req.digests)
+        max_units = min((req.num_tokens - 1) // port.unit, len(digests))
+        dev = port.device_prefix(digests, max_units)
+        dev_hit = dev.snapshot_units if port.has_state else dev.kv_units
         if dev_hit >= max_units:
             return None
-        probe = self._probe(req.tenant, digests, dev_hit, max_units)
-        target = probe.target(m.has_state, dev_hit)
+        probe = self._probe(req.tenant, digests, dev_hit, max_units, dev.has_kv)
+        target = probe.target(port.has_state, dev_hit)
         if target <= dev_hit:
             return None
-        self._hold(work, digests, target, probe, snap_node)
+        imp = work.imp
+        imp.hold(target, [b for b, src in probe.snaps if src == DEVICE and b <= target])
         if probe.snaps[-1:] and probe.snaps[-1][1] != DEVICE:  # the target's state must load
-            slot = m.index.alloc_slot()
-            work.slot = -1 if slot is None else slot
-        limit = self._load_kv(req, work, probe, target)
+            imp.alloc_slot()  # reserved before the KV, so a full arena still fits it
+        limit = self._load_kv(req, digests, work, probe, target)
         final = limit
-        if m.has_state:
-            final = self._load_snapshot(req, work, probe, limit, dev_hit)
+        if port.has_state:
+            final = self._load_snapshot(req, digests, work, probe, limit, dev_hit)
         if final <= dev_hit:
             return None
         return self._register(req, work, probe, dev_hit, final, target, t0)
 
     def _probe(
-        self, tenant: str | None, digests: list[bytes], dev_hit: int, max_units: int
+        self,
+        tenant: str | None,
+        digests: list[bytes],
+        dev_hit: int,
+        max_units: int,
+        has_kv_on_device: list[bool],
     ) -> _Probe:
         """Walk units past the device hit in doubling windows, one ``contains_many`` per
-        tier and window, until a unit's KV is nowhere."""
-        index = self.manager.index
-        handles = index.handles
-        has_kv_on_device = [False] * max_units  # stranded runs past the hit count too
-        for run, end in index.chain_holds(digests, 0, max_units):
-            has_kv_on_device[run.first : run.first + end] = [True] * end
-        has_state, has_kv = self.manager.has_state, bool(self.io.groups)
+        tier and window, until a unit's KV is nowhere (stranded device runs count)."""
+        has_state, has_kv = self.port.has_state, bool(self.io.groups)
         probe = _Probe(reach=dev_hit)
         pos, step = dev_hit, self.probe_batch
         while pos < max_units:
@@ -348,7 +359,6 @@ class OffloadCoordinator:
             what: list[tuple[int, bool]] = []
             dev_snap: set[int] = set()
             for i in range(pos, end):
-                node = handles.get(digests[i])
                 if not has_kv_on_device[i]:
                     if has_kv:
                         keys.append(self.keys.kv(tenant, digests[i]))
@@ -356,7 +366,7 @@ class OffloadCoordinator:
                     else:
                         probe.bare.append(i)
                 if has_state:
-                    if node is not None and node.snap >= 0:
+                    if self.port.has_snapshot(digests[i]):
                         dev_snap.add(i)
                     else:
                         keys.append(self.keys.snap(tenant, digests[i]))
@@ -385,35 +395,15 @@ class OffloadCoordinator:
     def _path_keys(self, tenant: str | None, digests: list[bytes]) -> list[EntryKey]:
         return [k for d in digests for k in (self.keys.kv(tenant, d), self.keys.snap(tenant, d))]
 
-    def _hold(
-        self,
-        work: _Work,
-        digests: list[bytes],
-        target: int,
-        probe: _Probe,
-        snap_node: UnitHandle | None,
-    ) -> None:
-        """Keep the device part of the path from being evicted by our own allocations."""
-        index = self.manager.index
-        work.held = index.chain_holds(digests, 0, target)
-        index.hold_runs(work.held)
-        pins = [
-            index.handles[digests[b - 1]] for b, src in probe.snaps if src == DEVICE and b <= target
-        ]
-        if snap_node is not None:
-            pins.append(snap_node)
-        for node in pins:
-            index.pin_snapshot(node)
-            work.pinned.append(node)
-
-    def _load_kv(self, req: Request, work: _Work, probe: _Probe, target: int) -> int:
+    def _load_kv(
+        self, req: RequestView, digests: list[bytes], work: _Work, probe: _Probe, target: int
+    ) -> int:
         """Load the KV the tiers hold below ``target``; returns ``limit``: units
-        ``[0, limit)`` are complete (on the device or loaded into private pages)."""
+        ``[0, limit)`` are complete (on the device or loaded into the import's pages)."""
         units = sorted(i for i in probe.kv_src if i < target)
-        digests = req.hasher.digests
         per_batch = max(1, self.load_batch_bytes // max(self.io.kv_bytes, 1))
         room = self._quota_room(req.tenant)
-        unit_bytes = self.manager.index.node_kv_bytes
+        unit_bytes = self.port.unit_kv_bytes
         for start in range(0, len(units), per_batch):
             batch = units[start : start + per_batch]
             keys = [self.keys.kv(req.tenant, digests[i]) for i in batch]
@@ -424,10 +414,9 @@ class OffloadCoordinator:
                         return i
                     if room is not None and work.planned_bytes + unit_bytes > room:
                         return i
-                    pages = self._alloc_pages()
+                    pages = work.imp.alloc_unit_pages(i)  # evictions demote before we write
                     if pages is None:
                         return i
-                    work.pages[i] = pages
                     work.planned_bytes += unit_bytes
                     self.io.write_kv(pages, entry)
                     work.count(self.tier_names[t])
@@ -436,61 +425,41 @@ class OffloadCoordinator:
         return target
 
     def _load_snapshot(
-        self, req: Request, work: _Work, probe: _Probe, limit: int, dev_hit: int
+        self,
+        req: RequestView,
+        digests: list[bytes],
+        work: _Work,
+        probe: _Probe,
+        limit: int,
+        dev_hit: int,
     ) -> int:
         """Load the deepest snapshot whose KV is complete; returns its boundary (units)."""
-        index = self.manager.index
         room = self._quota_room(req.tenant)
+        snap_bytes = self.port.snapshot_bytes
         for b, src in reversed([(b, s) for b, s in probe.snaps if b <= limit]):
             if src == DEVICE:
                 return b
-            if room is not None and work.planned_bytes + index.snap_bytes > room:
+            if room is not None and work.planned_bytes + snap_bytes > room:
                 continue
-            key = self.keys.snap(req.tenant, req.hasher.digests[b - 1])
+            key = self.keys.snap(req.tenant, digests[b - 1])
             entry, t = self.lookup.fetch([key], [src])[0]
             if entry is None or not self._valid(entry, key, t, b - 1, kv=False):
                 continue
-            if work.slot < 0:
-                slot = index.alloc_slot()
-                if slot is None:
-                    continue
-                work.slot = slot
+            slot = work.imp.alloc_slot()
+            if slot < 0:
+                continue
             work.snap_loaded = True
             try:
-                self.io.write_snapshot(work.slot, entry)
+                self.io.write_snapshot(slot, entry)
             finally:
                 self.io.synchronize()
             work.count(self.tier_names[t])
             return b
         return dev_hit
 
-    def _register_loaded(
-        self, req: Request, work: _Work, bare: set[int], dev_hit: int, final: int
-    ) -> list[int]:
-        """Register the loaded (or bare) units below ``final``, each consecutive stretch as
-        one run (held and walked as one); returns the units whose KV was loaded."""
-        index, digests, groups = self.manager.index, req.hasher.digests, len(self.manager.groups)
-        loaded: list[int] = []
-        i = dev_hit
-        while i < final:
-            if i not in work.pages and i not in bare:
-                i += 1
-                continue  # KV on the device (held)
-            j = i
-            while j < final and (j in work.pages or j in bare):
-                j += 1
-            pages = {u: work.pages.pop(u, None) or () for u in range(i, j)}
-            tables = [{u: p[g] for u, p in pages.items()} for g in range(groups)]
-            got = index.register_kv_run(digests, i, j, req.tenant, tables, self._unit_flops)
-            assert got is not None and got[1] == j - i, "loaded a unit that has KV on the device"
-            work.held.append(got[0])  # registered with one reference: released below
-            loaded += [u for u, p in pages.items() if p]
-            i = j
-        return loaded
-
     def _register(
         self,
-        req: Request,
+        req: RequestView,
         work: _Work,
         probe: _Probe,
         dev_hit: int,
@@ -499,24 +468,16 @@ class OffloadCoordinator:
         t0: float,
     ) -> LoadPlan:
         """Make the loaded units below ``final`` (and its snapshot) cached entries."""
-        m, met = self.manager, self.metrics
-        index, digests, unit = m.index, req.hasher.digests, m.unit
-        m.tick += 1
-        tick = m.tick
-        loaded = self._register_loaded(req, work, set(probe.bare), dev_hit, final)
+        met, unit = self.metrics, self.port.unit
+        flops = self._snapshot_flops(dev_hit, final) if work.snap_loaded else None
+        loaded = work.imp.register(final, probe.bare, flops)
         nbytes = len(loaded) * self.io.kv_bytes
         snapshot = None
         if work.snap_loaded:
-            node = index.unit(digests, final - 1)
-            assert node is not None
-            index.register_snapshot(node, work.slot, self._snapshot_flops(dev_hit, final), tick)
-            work.slot, work.snap_loaded = -1, False
+            work.snap_loaded = False
             snapshot = final * unit
             nbytes += self.io.state_span
             met.loaded_snapshots += 1
-        holds = sorted(work.held, key=lambda h: h[0].first)  # released deepest first
-        work.held = []
-        index.release_runs(holds, tick)
         met.loaded_kv += len(loaded)
         met.loaded_bytes += nbytes
         met.prefetch_hits += 1
@@ -536,30 +497,11 @@ class OffloadCoordinator:
 
     def _snapshot_flops(self, prev: int, final: int) -> float:
         """The manager's value of a snapshot: marginal prefill FLOPs, capped at KV's per byte."""
-        unit, index = self.manager.unit, self.manager.index
-        flops = self.manager.spec.flops.prefill_flops(prev * unit, final * unit)
-        if index.node_kv_bytes:
-            flops = min(flops, self._unit_flops * index.snap_bytes / index.node_kv_bytes)
+        port = self.port
+        flops = port.spec.flops.prefill_flops(prev * port.unit, final * port.unit)
+        if port.unit_kv_bytes:
+            flops = min(flops, self._unit_flops * port.snapshot_bytes / port.unit_kv_bytes)
         return flops
-
-    def _give_back(self, work: _Work) -> None:
-        """Free whatever a prefetch still holds (after registration: only the discards)."""
-        m = self.manager
-        for pages in work.pages.values():
-            for p in pages:
-                m.arena.free_page(p)
-            self.metrics.load_discarded += 1
-        work.pages.clear()
-        if work.slot >= 0:
-            m.arena.free_slot(work.slot)
-            self.metrics.load_discarded += work.snap_loaded
-            work.slot, work.snap_loaded = -1, False
-        if work.held:
-            m.index.release_runs(work.held, m.tick)
-            work.held = []
-        for node in work.pinned:
-            m.index.unpin_snapshot(node, m.tick)
-        work.pinned = []
 
     # ------------------------------------------------------------------ helpers
     def _valid(self, entry: Entry, key: EntryKey, t: int, depth: int, *, kv: bool) -> bool:
@@ -573,27 +515,15 @@ class OffloadCoordinator:
             self._mark_stored(key, loaded=True)
         return ok
 
-    def _alloc_pages(self) -> tuple[int, ...] | None:
-        """One page per attention group, evicting as needed; ``None`` if memory is full."""
-        index, got = self.manager.index, []
-        for _ in self.io.groups:
-            p = index.alloc_page()
-            if p is None:
-                for q in got:
-                    self.manager.arena.free_page(q)
-                return None
-            got.append(p)
-        return tuple(got)
-
     def _quota_room(self, tenant: str | None) -> int | None:
         """Bytes the tenant may still register on the device under the manager's quotas."""
-        quotas = self.manager.config.tenant_quotas
+        quotas = self.port.config.tenant_quotas
         if not quotas:
             return None
         quota = quotas.get(tenant if tenant is not None else "", quotas.get("*"))
         if quota is None:
             return None
-        return quota - self.manager.index.tenant_bytes.get(tenant, 0)
+        return quota - self.port.tenant_bytes(tenant)
 
     def _warn(self, what: str, exc: Exception) -> None:
         kind = f"{what}:{type(exc).__name__}"

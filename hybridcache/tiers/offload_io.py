@@ -29,14 +29,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING
 
 import torch
 
-from hybridcache.arena import ArenaLayout
 from hybridcache.spec import ModelSpec
 from hybridcache.storage import ArenaStorage
 from hybridcache.tiers.format import Entry
 from hybridcache.tiers.keys import _NAME_RE, EntryKey
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.port import ArenaLayout  # the port's read-only geometry type
 
 KV_TAG, SNAP_TAG = b"K", b"S"
 STATE_PIECE = "state"

@@ -27,7 +27,7 @@ as unknown (kept).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,36 +94,37 @@ class PathMemory:
         self.max_units = max_units
         self.max_paths = max_paths
         self._marks: OrderedDict[bytes, bool] = OrderedDict()
-        self._tracked: dict[int, tuple[str, Any]] = {}
+        self._tracked: dict[Any, tuple[str, Any]] = {}
         self._forced: list[Any] = []  # pushed out by max_paths: settled at the next call
 
     def __len__(self) -> int:
         return len(self._marks)
 
     def track(self, request: Any) -> None:
-        """Remember ``request`` (a manager ``Request``): its digest list is read at settle
-        time, so digests appended while decoding count too."""
-        self._tracked[id(request)] = (request.id, request)
+        """Remember ``request`` (a port :class:`~hybridcache.port.RequestView`): its digests
+        are read at settle time, so digests appended while decoding count too."""
+        self._tracked[request] = (request.id, request)  # views hash by record
         if len(self._tracked) > self.max_paths:
             oldest = next(iter(self._tracked))
             _, req = self._tracked.pop(oldest)
             self._forced.append(req)
 
     def settle(
-        self, live: Mapping[str, Any], has_snapshot: Callable[[str | None, bytes], bool]
+        self, live: Callable[[str], Any], has_snapshot: Callable[[str | None, bytes], bool]
     ) -> int:
         """Mark the paths of tracked requests that are no longer live; returns how many.
 
         Args:
-            live: the manager's live requests (``manager.requests``).
+            live: ``request id -> view of the live request or None`` (the port's
+                ``request``); a view unequal to the tracked one is a new request.
             has_snapshot: ``(tenant, digest) -> bool``: a snapshot at the end of that unit
                 exists on the device or in a tier.
         """
-        done = [k for k, (rid, req) in self._tracked.items() if live.get(rid) is not req]
+        done = [k for k, (rid, req) in self._tracked.items() if live(rid) != req]
         reqs = [self._tracked.pop(k)[1] for k in done] + self._forced
         self._forced = []
         for req in reqs:
-            self._mark(list(req.hasher.digests), lambda d, t=req.tenant: has_snapshot(t, d))
+            self._mark(list(req.digests), lambda d, t=req.tenant: has_snapshot(t, d))
         return len(reqs)
 
     def _mark(self, digests: list[bytes], has_snapshot: Callable[[bytes], bool]) -> None:
