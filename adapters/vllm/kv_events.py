@@ -36,13 +36,15 @@ from vllm.distributed.kv_events import (
 )
 from vllm.v1.core.kv_cache_utils import (
     generate_block_hash_extra_keys,
-    get_kv_cache_spec_kind,
-    get_kv_cache_spec_sliding_window,
     maybe_convert_block_hash,
     resolve_block_hashes,
     to_event_extra_keys,
 )
-from vllm.v1.kv_cache_interface import KVCacheConfig
+from vllm.v1.kv_cache_interface import (
+    KVCacheConfig,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
 from vllm.v1.request import Request
 
 from hybridcache.events import CLEARED, REMOVED, STORED, CacheEvent

@@ -1,0 +1,196 @@
+"""vLLM's KV cache events from ``HybridCacheScheduler`` (issue 14, item 4).
+
+vLLM's real ``Scheduler`` runs with vLLM's own ``KVEventsConfig``; the events it publishes
+(``update_from_output`` takes them from the manager and hands a ``KVEventBatch`` to its
+publisher) are recorded by a publisher of vLLM's interface and replayed as a router would:
+
+- the hashes equal those native vLLM sends for the same requests (its own manager, run on
+  the same sessions), with the same parent hash and tokens per block;
+- a replay of stored / removed events ends with exactly what the cache holds (a missing
+  removal or a removal of a block never stored fails);
+- ``reset_prefix_cache`` ends with ``AllBlocksCleared``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+    from hybridcache.adapters.vllm.kv_events import VllmKVEvents
+except Exception as exc:  # pragma: no cover - vLLM missing or incompatible
+    pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
+
+import vllm_sched_harness as h  # noqa: E402
+from vllm.config import KVEventsConfig  # noqa: E402
+from vllm.distributed.kv_events import (  # noqa: E402
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventPublisher,
+)
+from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+ATTN = 1  # make_scheduler: group 0 is the GDN group, group 1 attention
+MAMBA = 0
+
+
+class RecordingPublisher(EventPublisher):
+    """vLLM's publisher interface, keeping the batches instead of sending them."""
+
+    def __init__(self) -> None:
+        self.batches: list[Any] = []
+
+    def publish(self, events: Any) -> None:
+        self.batches.append(events)
+
+    def shutdown(self) -> None:
+        pass
+
+    @property
+    def events(self) -> list[Any]:
+        return [e for b in self.batches for e in b.events]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return h.write_config_dir(tmp_path_factory.mktemp("qwen3next_events"))
+
+
+def events_scheduler(model_dir: Path, cls: type, num_blocks: int, **kw: Any) -> tuple[Any, RecordingPublisher]:
+    sched = h.make_scheduler(
+        model_dir, cls, num_blocks,
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"), **kw)
+    rec = RecordingPublisher()
+    sched.kv_event_publisher = rec  # the scheduler publishes each step's batch here
+    return sched, rec
+
+
+def workload(seed: int = 7) -> dict[str, list[h.Turn]]:
+    return h.chats_and_document(seed, chats=3, turns=3, first=(40, 30), later=(50, 20),
+                                answers=(20, 12), questions=3)
+
+
+def stored_blocks(events: list[Any], group: int) -> dict[Any, tuple[Any, tuple[int, ...]]]:
+    """Per stored hash of ``group``: (parent hash, the block's tokens), as a router reads them."""
+    out: dict[Any, tuple[Any, tuple[int, ...]]] = {}
+    for e in events:
+        if not isinstance(e, BlockStored) or e.group_idx != group:
+            continue
+        bs = e.block_size
+        for k, hsh in enumerate(e.block_hashes):
+            parent = e.parent_block_hash if k == 0 else e.block_hashes[k - 1]
+            out[hsh] = (parent, tuple(e.token_ids[k * bs:(k + 1) * bs]))
+    return out
+
+
+def replay(events: list[Any], group: int) -> tuple[set[Any], list[str]]:
+    """A router's view of ``group`` after the events, and what was inconsistent."""
+    live: set[Any] = set()
+    errors: list[str] = []
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            live.clear()
+        elif getattr(e, "group_idx", None) != group:
+            continue
+        elif isinstance(e, BlockStored):
+            if e.parent_block_hash is not None and e.parent_block_hash not in live and group == ATTN:
+                errors.append("stored under a parent that is not cached")
+            live.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            for hsh in e.block_hashes:
+                if hsh not in live:
+                    errors.append("removed a block that is not cached")
+                live.discard(hsh)
+    return live, errors
+
+
+def cached_counts(sched: Any) -> tuple[int, int]:
+    """KV units and snapshots the core holds now (its own books)."""
+    index = sched.kv_cache_manager.manager.index
+    return index.kv_units, index.snapshots
+
+
+def test_stored_hashes_equal_native_vllms(model_dir):
+    ours, rec = events_scheduler(model_dir, HybridCacheScheduler, 400)
+    native, nrec = events_scheduler(model_dir, Scheduler, 400)
+    h.drive(ours, workload())
+    h.drive(native, workload())
+    mine, theirs = stored_blocks(rec.events, ATTN), stored_blocks(nrec.events, ATTN)
+    assert len(mine) >= 12
+    assert mine == theirs  # same hashes, parents and tokens per block as native vLLM
+    e = next(e for e in rec.events if isinstance(e, BlockStored))
+    n = next(e for e in nrec.events if isinstance(e, BlockStored) and e.group_idx == ATTN)
+    for f in ("block_size", "medium", "lora_id", "lora_name", "kv_cache_spec_kind"):
+        assert getattr(e, f) == getattr(n, f), f
+    assert e.medium == MEDIUM_GPU
+    # State entries are announced on the GDN group, under the same hashes.
+    states = stored_blocks(rec.events, MAMBA)
+    assert states and set(states) <= set(theirs)
+
+
+def test_removals_follow_evictions_and_reset_clears(model_dir):
+    sched, rec = events_scheduler(model_dir, HybridCacheScheduler, 24)
+    h.drive(sched, workload(3))
+    assert any(isinstance(e, BlockRemoved) for e in rec.events)
+    kv_live, errors = replay(rec.events, ATTN)
+    state_live, state_errors = replay(rec.events, MAMBA)
+    assert not errors and not state_errors
+    assert (len(kv_live), len(state_live)) == cached_counts(sched)
+    assert sched.reset_prefix_cache()
+    tail = sched.kv_cache_manager.take_events()  # what the next step would publish
+    evs = rec.events + tail
+    assert isinstance(evs[-1], AllBlocksCleared)
+    assert replay(evs, ATTN)[0] == set()
+
+
+class _WrongParent(VllmKVEvents):
+    def _stored(self, ev, request, view):  # type: ignore[override]
+        n = len(self.out)
+        super()._stored(ev, request, view)
+        for e in self.out[n:]:
+            e.parent_block_hash = None
+
+
+class _NoRemovals(VllmKVEvents):
+    def _removed(self, ev):  # type: ignore[override]
+        pass
+
+
+def _with(sched: Any, cls: type) -> None:
+    mgr = sched.kv_cache_manager
+    old = mgr.kv_events
+    mgr.kv_events = cls(old.port, mgr.kv_cache_config, attn_ids=old.attn_ids,
+                        mamba_ids=old.mamba_ids, block_size=old.block_size,
+                        hash_block_size=old.hash_block_size)
+
+
+def test_a_wrong_parent_hash_is_caught(model_dir):
+    ours, rec = events_scheduler(model_dir, HybridCacheScheduler, 400)
+    native, nrec = events_scheduler(model_dir, Scheduler, 400)
+    _with(ours, _WrongParent)
+    h.drive(ours, workload())
+    h.drive(native, workload())
+    assert stored_blocks(rec.events, ATTN) != stored_blocks(nrec.events, ATTN)
+
+
+def test_a_missing_removal_is_caught(model_dir):
+    sched, rec = events_scheduler(model_dir, HybridCacheScheduler, 24)
+    _with(sched, _NoRemovals)
+    h.drive(sched, workload(3))
+    kv_live, _ = replay(rec.events, ATTN)
+    assert len(kv_live) != cached_counts(sched)[0]
+
+
+def test_disabled_events_record_nothing(model_dir):
+    sched = h.make_scheduler(model_dir, HybridCacheScheduler, 400)
+    h.drive(sched, workload())
+    mgr = sched.kv_cache_manager
+    assert mgr.kv_events is None and mgr.manager.index.events is None
+    assert mgr.take_events() == []
