@@ -202,3 +202,46 @@ def test_disabled_events_record_nothing(model_dir):
     mgr = sched.kv_cache_manager
     assert mgr.kv_events is None and mgr.manager.index.events is None
     assert mgr.take_events() == []
+
+
+def _e2e(model: Path, out: Path, *extra: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0", TOKENIZERS_PARALLELISM="false")
+    script = Path(__file__).with_name("vllm_kv_events_e2e.py")
+    r = subprocess.run([sys.executable, str(script), str(model), str(out), *extra], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
+    return json.loads(out.read_text())
+
+
+def _e2e_blocks(res: dict, kind: str) -> set[tuple]:
+    out = set()
+    for e in res["events"]:
+        if e["type"] != "BlockStored" or e["kv_cache_spec_kind"] != kind:
+            continue
+        bs = e["block_size"]
+        for k, hsh in enumerate(e["block_hashes"]):
+            parent = e["parent_block_hash"] if k == 0 else e["block_hashes"][k - 1]
+            out.add((hsh, parent, tuple(e["token_ids"][k * bs:(k + 1) * bs])))
+    return out
+
+
+@pytest.mark.slow
+def test_llm_publishes_native_hashes_over_zmq(tiny_qwen3_next, tmp_path):
+    """``LLM(..., kv_events_config=...)`` with vLLM's ZeroMQ publisher, read by a subscriber:
+    our scheduler announces the blocks native vLLM announces for the same prompts."""
+    from hybridcache.adapters.vllm.scheduler import HybridCacheScheduler as cls
+
+    ours = _e2e(tiny_qwen3_next, tmp_path / "ours.json",
+                "--scheduler-cls", f"{cls.__module__}.{cls.__qualname__}")
+    native = _e2e(tiny_qwen3_next, tmp_path / "native.json")
+    mine, theirs = _e2e_blocks(ours, "full_attention"), _e2e_blocks(native, "full_attention")
+    assert len(mine) >= 3 and mine == theirs
+    states = {b[0] for b in _e2e_blocks(ours, "mamba")}
+    assert states and states <= {b[0] for b in theirs}
+    assert {e["medium"] for e in ours["events"]} == {MEDIUM_GPU}
