@@ -150,6 +150,7 @@ def test_removals_follow_evictions_and_reset_clears(model_dir):
     kv_live, errors = replay(rec.events, ATTN)
     state_live, state_errors = replay(rec.events, MAMBA)
     assert not errors and not state_errors
+    assert sched.kv_cache_manager.kv_events.unmapped == 0  # every stored entry announced
     assert (len(kv_live), len(state_live)) == cached_counts(sched)
     assert sched.reset_prefix_cache()
     tail = sched.kv_cache_manager.take_events()  # what the next step would publish
