@@ -246,3 +246,23 @@ def test_llm_publishes_native_hashes_over_zmq(tiny_qwen3_next, tmp_path):
     states = {b[0] for b in _e2e_blocks(ours, "mamba")}
     assert states and states <= {b[0] for b in theirs}
     assert {e["medium"] for e in ours["events"]} == {MEDIUM_GPU}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_streams_replay_to_the_cache(model_dir, seed):
+    """Random sessions, pool sizes, admission and eviction policies: a router replaying
+    the events ends with exactly the blocks and states the cache holds, never removes a
+    block it was not told about, and sees hashes native vLLM gives the same tokens."""
+    sessions, kw = h.random_stream(seed)
+    sched, rec = events_scheduler(model_dir, HybridCacheScheduler, **kw)
+    h.drive(sched, sessions)
+    kv_live, errors = replay(rec.events, ATTN)
+    state_live, state_errors = replay(rec.events, MAMBA)
+    assert not errors and not state_errors
+    assert (len(kv_live), len(state_live)) == cached_counts(sched)
+    assert sched.kv_cache_manager.kv_events.unmapped == 0
+    native, nrec = events_scheduler(model_dir, Scheduler, 400)
+    h.drive(native, sessions)
+    theirs = stored_blocks(nrec.events, ATTN)
+    mine = stored_blocks(rec.events, ATTN)
+    assert mine and all(theirs.get(k) == v for k, v in mine.items())
