@@ -20,6 +20,11 @@ the group's ``kv_cache_spec_kind`` as vLLM's ``KVCacheManager.take_events`` anno
 medium ``"GPU"`` (vLLM's device block pool) and the request's LoRA, extra keys and session.
 Requests that cannot be hit (a private tenant: prefix caching off for them) are not
 announced. Sub-block tails (:mod:`.fine`) are not full blocks and are not announced.
+
+The port's stream is one list per manager: whoever takes it consumes it. This module
+is today the only taker over the adapter's manager; a tier that also needs the stream
+should wait for the port's subscriptions (``port.subscribe()``, planned) rather than
+share this port.
 """
 
 from __future__ import annotations
