@@ -139,6 +139,9 @@ class VllmKVEvents:
             self.unmapped += 1
             return
         hashes = self._block_hashes(request)
+        if len(hashes) < ev.depth + n:  # vLLM hashed fewer blocks (no block hasher set)
+            self.unmapped += 1
+            return
         ext = [maybe_convert_block_hash(hashes[ev.depth + k]) for k in range(n)]
         kv = ev.kind == "kv"
         for d, h in zip(ev.digests, ext):
