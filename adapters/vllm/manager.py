@@ -142,6 +142,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
                                    lambda s: [self._state_blocks(s, j) for j in range(self.slot_blocks)],
                                    max_blocks=self.num_blocks // 2)
         self._fine: dict[str, FineHit] = {}  # a waiting request's sub-block hit
+        self.kv_events: Any = None  # .kv_events.VllmKVEvents when vLLM's KV events are on
         # Attributes the scheduler reads from vLLM's manager at construction time.
         self.mamba_shared_prefix_checkpoint = False
         self.coordinator = CoordinatorView(
@@ -208,6 +209,8 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         if n > mreq.num_computed:
             self._hold_dropped_live_save(tr, mreq, n)
             self.manager.commit(rid, n)
+            if self.kv_events is not None:
+                self.kv_events.collect(request)
             self.stats_counters.commits += 1
             self._pin_live_snapshot(tr, n)
 
@@ -568,8 +571,8 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         return {}
 
     def take_events(self) -> list[Any]:
-        """KV cache events are not emitted by this manager (documented limit)."""
-        return []
+        """vLLM's KV cache events (:mod:`.kv_events`) when enabled, else none."""
+        return [] if self.kv_events is None else self.kv_events.take()
 
     # ------------------------------------------------------------------ free
     def free(self, request: Request) -> None:
@@ -585,6 +588,8 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         if self.tails is not None:
             self.tails.forget(rid)
         self.manager.free(rid, finished=request.is_finished())
+        if self.kv_events is not None:
+            self.kv_events.collect(request)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Deferred frees are refused at scheduler construction; free now."""
@@ -605,7 +610,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             return False
         if self.tails is not None:
             self.tails.clear()
-        self.manager.clear()
+        (self.manager if self.kv_events is None else self.kv_events.port).clear()
         if self.log_stats:
             assert self.prefix_cache_stats is not None
             self.prefix_cache_stats.reset = True

@@ -42,6 +42,7 @@ from vllm.v1.request import Request
 from hybridcache.manager import CacheConfig
 
 from . import spec_decode
+from .kv_events import VllmKVEvents
 from .manager import HybridKVCacheManager
 from .manager_external import ConnectorKVCacheManager
 
@@ -110,6 +111,9 @@ class HybridCacheScheduler(Scheduler):
             prefix_match_unit=self.prefix_match_unit(),
             **spec_kwargs,
         )
+        if self.enable_kv_cache_events:  # vLLM's KV events for routers (see .kv_events)
+            self.kv_cache_manager.kv_events = VllmKVEvents.for_adapter(
+                self.kv_cache_manager, self.hash_block_size)
         if self.connector is not None:
             # vLLM bound its own manager before we replaced it.
             self.connector.bind_kv_cache_manager(self.kv_cache_manager)
@@ -183,8 +187,6 @@ class HybridCacheScheduler(Scheduler):
             )
         if reasons:
             raise ValueError("HybridCacheScheduler does not support: " + "; ".join(reasons))
-        if self.enable_kv_cache_events:
-            logger.warning("hybridcache: KV cache events are not emitted by this scheduler")
 
     def _mamba_block_aligned_split(
         self,

@@ -73,7 +73,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
                    mamba_cache_mode: str = "align", mamba_groups: int = 1,
                    long_prefill_token_threshold: int = 0,
                    kv_transfer_config: Any = None, prefix_match_unit: int | None = None,
-                   retention: int | None | str = "default") -> Any:
+                   retention: int | None | str = "default", kv_events_config: Any = None) -> Any:
     """A scheduler over a hand-built hybrid ``KVCacheConfig``.
 
     ``prefix_match_unit`` hashes at that unit inside the block (vLLM's fine-grained hits;
@@ -110,6 +110,7 @@ def make_scheduler(model_dir: Path, scheduler_cls: type, num_blocks: int, *, max
                                     else {"prefix_cache_retention_interval": retention})),
         additional_config=additional_config or {},
         kv_transfer_config=kv_transfer_config,
+        kv_events_config=kv_events_config,
     )
     mamba = MambaSpec(block_size=BLOCK, shapes=((4, 130), (1, 128, 128)),
                       dtypes=(torch.bfloat16, torch.float32), mamba_cache_mode=mamba_cache_mode,

@@ -1,0 +1,187 @@
+"""vLLM's KV cache events from hybridcache's event stream, for KV-aware routers.
+
+Routers (llm-d, Dynamo) follow vLLM's ``BlockStored`` / ``BlockRemoved`` /
+``AllBlocksCleared`` events and recompute block hashes from tokens with vLLM's hashing, so
+an event must carry the hash *vLLM* gives the same tokens, not our digests. The core's
+stream (:meth:`hybridcache.port.EnginePort.take_events`) says which of our units were
+stored or evicted; this module maps each unit to vLLM's hash of the same block:
+
+- a ``stored`` event is translated while the request whose commit (or finish) stored it is
+  at hand: unit ``d`` of its chain is vLLM block ``d`` of the request (one unit = one vLLM
+  block), whose hash is ``request.block_hashes`` viewed at the block size, exactly what
+  vLLM's ``BlockPool.cache_full_blocks`` sends; the hash is remembered for the unit;
+- a ``removed`` event names the remembered hash (a unit is forgotten once neither its KV
+  nor its snapshot is cached);
+- ``clear()`` ends with ``AllBlocksCleared``, as vLLM's ``reset_prefix_cache`` does.
+
+Events name vLLM's groups: one ``BlockStored`` / ``BlockRemoved`` per attention group for
+KV, per Mamba group for a snapshot (a state-only entry: the unit's KV may be gone), with
+the group's ``kv_cache_spec_kind`` as vLLM's ``KVCacheManager.take_events`` annotates it,
+medium ``"GPU"`` (vLLM's device block pool) and the request's LoRA, extra keys and session.
+Requests that cannot be hit (a private tenant: prefix caching off for them) are not
+announced. Sub-block tails (:mod:`.fine`) are not full blocks and are not announced.
+
+The port's stream is one list per manager: whoever takes it consumes it. This module
+is today the only taker over the adapter's manager; a tier that also needs the stream
+should wait for the port's subscriptions (``port.subscribe()``, planned) rather than
+share this port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from vllm.v1.core.kv_cache_utils import (
+    generate_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    resolve_block_hashes,
+    to_event_extra_keys,
+)
+from vllm.v1.kv_cache_interface import (
+    KVCacheConfig,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.request import Request
+
+from hybridcache.events import CLEARED, REMOVED, STORED, CacheEvent
+from hybridcache.port import EnginePort
+
+#: Tenant prefix of requests that neither hit nor are hit (see ``HybridKVCacheManager._add``).
+PRIVATE_TENANT = "\x00private:"
+
+
+class VllmKVEvents:
+    """Translate the port's events into vLLM's ``KVCacheEvent`` objects.
+
+    Args:
+        port: an :class:`EnginePort` over the adapter's manager (it turns recording on).
+        kv_cache_config: vLLM's layout (group kinds for the events).
+        attn_ids: vLLM group ids of the attention groups, in the manager's group order.
+        mamba_ids: vLLM group ids of the state groups.
+        block_size: tokens per vLLM block (= our hash unit).
+        hash_block_size: the unit ``request.block_hashes`` is computed at.
+        medium: the medium vLLM reports for device blocks.
+    """
+
+    def __init__(self, port: EnginePort, kv_cache_config: KVCacheConfig, *,
+                 attn_ids: Sequence[int], mamba_ids: Sequence[int], block_size: int,
+                 hash_block_size: int, medium: str = MEDIUM_GPU) -> None:
+        self.port = port
+        self.attn_ids = tuple(attn_ids)
+        self.mamba_ids = tuple(mamba_ids)
+        self.block_size = block_size
+        self.hash_block_size = hash_block_size
+        self.medium = medium
+        self.group_meta = tuple(
+            (get_kv_cache_spec_kind(g.kv_cache_spec).value,
+             get_kv_cache_spec_sliding_window(g.kv_cache_spec))
+            for g in kv_cache_config.kv_cache_groups
+        )
+        # our digest -> [vLLM hash, KV cached, snapshot cached]
+        self.known: dict[bytes, list[Any]] = {}
+        self.out: list[KVCacheEvent] = []
+        self.unmapped = 0  # stored events whose request was not at hand (not announced)
+        # The view of each request seen by collect(): a request's last events (its
+        # turn-end snapshot) come from free(), after the port has forgotten it.
+        self._views: dict[str, Any] = {}
+
+    @classmethod
+    def for_adapter(cls, adapter: Any, hash_block_size: int) -> VllmKVEvents:
+        """Events for a :class:`~.manager.HybridKVCacheManager` (its own port over its core)."""
+        return cls(EnginePort(adapter.manager), adapter.kv_cache_config,
+                   attn_ids=adapter.attn_ids, mamba_ids=adapter.mamba_ids,
+                   block_size=adapter.block_size, hash_block_size=hash_block_size)
+
+    # ------------------------------------------------------------------ intake
+    def collect(self, request: Request | None = None) -> None:
+        """Translate the port's pending events; ``request`` is the one whose call ran."""
+        view = None
+        if request is not None:
+            rid = request.request_id
+            view = self.port.request(rid)
+            if view is None:
+                view = self._views.pop(rid, None)
+            else:
+                self._views[rid] = view
+        for ev in self.port.take_events():
+            if ev.action == STORED:
+                self._stored(ev, request, view)
+            elif ev.action == REMOVED:
+                self._removed(ev)
+            elif ev.action == CLEARED:
+                self.known.clear()
+                self.out.append(AllBlocksCleared())
+
+    def take(self) -> list[KVCacheEvent]:
+        """vLLM's events since the last call, oldest first (vLLM's ``take_events``)."""
+        self.collect()
+        out, self.out = self.out, []
+        return out
+
+    # ------------------------------------------------------------------ translation
+    def _block_hashes(self, request: Request) -> Any:
+        return resolve_block_hashes(request.block_hashes, self.hash_block_size, self.block_size)
+
+    def _stored(self, ev: CacheEvent, request: Request | None, view: Any) -> None:
+        if ev.tenant is not None and ev.tenant.startswith(PRIVATE_TENANT):
+            return
+        n = len(ev.digests)
+        if request is None or view is None or not self._is_chain_of(ev, request, view):
+            self.unmapped += 1
+            return
+        hashes = self._block_hashes(request)
+        if len(hashes) < ev.depth + n:  # vLLM hashed fewer blocks (no block hasher set)
+            self.unmapped += 1
+            return
+        ext = [maybe_convert_block_hash(hashes[ev.depth + k]) for k in range(n)]
+        kv = ev.kind == "kv"
+        for d, h in zip(ev.digests, ext):
+            rec = self.known.setdefault(d, [h, False, False])
+            rec[1 if kv else 2] = True
+        parent = maybe_convert_block_hash(hashes[ev.depth - 1]) if ev.depth else None
+        start, end = ev.depth * self.block_size, (ev.depth + n) * self.block_size
+        extra, mm_idx = [], 0
+        for i in range(ev.depth, ev.depth + n):
+            keys, mm_idx = generate_block_hash_extra_keys(
+                request, i * self.block_size, (i + 1) * self.block_size, mm_idx)
+            extra.append(keys)
+        lora = request.lora_request
+        for gid in self.attn_ids if kv else self.mamba_ids:
+            kind, window = self.group_meta[gid]
+            self.out.append(BlockStored(
+                block_hashes=list(ext), parent_block_hash=parent,
+                token_ids=list(request.all_token_ids[start:end]), block_size=self.block_size,
+                lora_id=lora.adapter_id if lora else None, medium=self.medium,
+                lora_name=lora.name if lora else None, extra_keys=to_event_extra_keys(extra),
+                group_idx=gid, kv_cache_spec_kind=kind, kv_cache_spec_sliding_window=window,
+                session_id=request.session_id,
+            ))
+
+    def _is_chain_of(self, ev: CacheEvent, request: Request, view: Any) -> bool:
+        """Whether the event's units are units ``depth...`` of ``request``'s chain."""
+        digests = view.digests
+        end = ev.depth + len(ev.digests)
+        return end <= len(digests) and tuple(digests[ev.depth:end]) == ev.digests \
+            and end * self.block_size <= request.num_tokens
+
+    def _removed(self, ev: CacheEvent) -> None:
+        kv = ev.kind == "kv"
+        for d in ev.digests:
+            rec = self.known.get(d)
+            if rec is None:
+                continue  # never announced (private tenant, or stored before events)
+            rec[1 if kv else 2] = False
+            if not rec[1] and not rec[2]:
+                del self.known[d]
+            for gid in self.attn_ids if kv else self.mamba_ids:
+                self.out.append(BlockRemoved(block_hashes=[rec[0]], medium=self.medium,
+                                             group_idx=gid))
