@@ -16,38 +16,23 @@ from __future__ import annotations
 import argparse
 import gc
 import statistics
-import time
 
-from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import KINDS, generate
 from hybridcache.sim.sizes import parse_size
 
+try:
+    from benchmarks.bench_manager import serve_requests
+except ImportError:  # run as a script (the documented command): benchmarks/ is on sys.path
+    from bench_manager import serve_requests
+
 
 def run(spec, capacity, reqs, config: CacheConfig) -> tuple[float, float, HybridCacheManager]:
     """Mean seconds per request, token hit rate, and the manager."""
     m = HybridCacheManager(spec, capacity, config)
-    total = 0.0
-    hit = prompt = served = 0
-    for i, r in enumerate(reqs):
-        t0 = time.perf_counter()
-        rid = str(i)
-        res = m.add_request(rid, r.input_ids, tenant=r.tenant)
-        try:
-            m.allocate(rid, r.input_length + r.output_length - res.hit_tokens)
-        except OutOfSpaceError:
-            m.free(rid, finished=False)
-            continue
-        if r.output_ids is not None and len(r.output_ids):
-            m.append_tokens(rid, r.output_ids)
-        m.commit(rid, r.input_length + r.output_length)
-        m.free(rid)
-        total += time.perf_counter() - t0
-        served += 1
-        hit += res.hit_tokens
-        prompt += r.input_length
-    return total / max(served, 1), hit / max(prompt, 1), m
+    times, hit, prompt = serve_requests(m, reqs)
+    return sum(times) / max(len(times), 1), hit / max(prompt, 1), m
 
 
 def main() -> None:

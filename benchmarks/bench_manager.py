@@ -33,7 +33,13 @@ from hybridcache.sim.sizes import parse_size
 
 
 def run_ours(spec, capacity, reqs, unit: int = 16) -> tuple[list[float], int, int]:
-    m = HybridCacheManager(spec, capacity, CacheConfig(hash_unit=unit))
+    return serve_requests(HybridCacheManager(spec, capacity, CacheConfig(hash_unit=unit)), reqs)
+
+
+def serve_requests(m: HybridCacheManager, reqs) -> tuple[list[float], int, int]:
+    """Each request through ``m`` (match + allocate + append + commit + free): seconds per
+    served request, hit tokens and prompt tokens of the served ones. Shared with
+    ``bench_adaptive.py`` so both time the same loop."""
     times: list[float] = []
     hit = prompt = 0
     for i, r in enumerate(reqs):

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridcache.errors import HybridCacheError
 from hybridcache.sim.policies import vllm_align_block
 from hybridcache.sim.replay import RunResult, Tally
-from hybridcache.sim.traces import Trace
+from hybridcache.sim.traces import Trace, TraceRequest
 from hybridcache.spec import AttentionKind, ModelSpec
 
 
@@ -158,16 +158,26 @@ def replay_native(
         enable_caching=True,
     )
     tally = Tally(spec)
-    step = max(1, len(trace.requests) // 100)
-    for i, r in enumerate(trace.requests):
-        _one(v, mgr, hasher, tally, str(i), r, block)
-        if progress is not None and (i + 1) % step == 0:
-            progress(step)
-    if progress is not None and len(trace.requests) % step:
-        progress(len(trace.requests) % step)
+    serve_each(trace.requests, lambda i, r: _one(v, mgr, hasher, tally, str(i), r, block), progress)
     res = tally.result("vllm-native", capacity, snapshots=-1, evictions=-1)
     res.wall_s = time.perf_counter() - t0
     return res
+
+
+def serve_each(
+    requests: Sequence[TraceRequest],
+    serve: Callable[[int, TraceRequest], None],
+    progress: Callable[[int], None] | None,
+) -> None:
+    """``serve(i, request)`` for each request in order, telling ``progress`` the count served
+    in steps of about 1 % of them (the vLLM-native replays share it)."""
+    step = max(1, len(requests) // 100)
+    for i, r in enumerate(requests):
+        serve(i, r)
+        if progress is not None and (i + 1) % step == 0:
+            progress(step)
+    if progress is not None and len(requests) % step:
+        progress(len(requests) % step)
 
 
 def fine_manager(v: dict[str, Any], spec: ModelSpec, capacity: int, unit: int) -> tuple[Any, Any, int]:

@@ -30,8 +30,13 @@ from typing import Any
 
 from hybridcache.sim.policies import vllm_align_block
 from hybridcache.sim.replay import RunResult, Tally
-from hybridcache.sim.traces import Trace
-from hybridcache.sim.vllm_native import NativeUnavailable, build_kv_cache_config, check_available
+from hybridcache.sim.traces import Trace, TraceRequest
+from hybridcache.sim.vllm_native import (
+    NativeUnavailable,
+    build_kv_cache_config,
+    check_available,
+    serve_each,
+)
 from hybridcache.spec import ModelSpec
 
 #: Tokens the scheduler may run per step (vLLM's default for chunked prefill on CPU is
@@ -148,17 +153,15 @@ def replay_native_best(
     init_none_hash(sha256)
     hasher = get_request_block_hasher(unit, sha256)
     tally = Tally(spec)
-    step = max(1, len(trace.requests) // 100)
-    for i, r in enumerate(trace.requests):
+
+    def serve(i: int, r: TraceRequest) -> None:
         assert r.input_ids is not None
         prompt = r.input_ids.tolist()
         outs = r.output_ids.tolist() if r.output_ids is not None else [2] * max(1, r.output_length)
         hit = run_request(sched, hasher, str(i), prompt, outs, r.tenant)
         tally.add(r.tenant or "", len(prompt), hit, hit)
-        if progress is not None and (i + 1) % step == 0:
-            progress(step)
-    if progress is not None and len(trace.requests) % step:
-        progress(len(trace.requests) % step)
+
+    serve_each(trace.requests, serve, progress)
     res = tally.result("vllm-native-best", capacity, snapshots=-1, evictions=-1)
     res.wall_s = time.perf_counter() - t0
     res.settings = {"hash_unit": unit, "engine": "vllm Scheduler",

@@ -20,20 +20,22 @@ import random
 from pathlib import Path
 
 VOCAB = 512
-_WORDS = (
+WORDS = (
     "the a cache state token prefix model layer block page memory attention delta net "
     "request session document branch system prompt user assistant answer question reads "
-    "writes keeps moves shares saves loads hybrid linear recurrent kernel engine tier host"
+    "writes keeps moves shares saves loads hybrid linear recurrent kernel engine tier host "
+    "fast slow long short first last next every some many one two three four five six"
 ).split()
 
 
 def _sentences(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
-    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(6, 18))) + "." for _ in range(n)]
+    return [" ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 18))) + "." for _ in range(n)]
 
 
-def _train_tokenizer(out_dir: Path) -> None:
-    """A byte-level BPE of ``VOCAB`` tokens trained on generated text, saved for HF."""
+def train_tokenizer(out_dir: Path, vocab_size: int = VOCAB) -> None:
+    """A byte-level BPE of ``vocab_size`` tokens trained on generated text, saved for HF
+    (the tests' tiny Kimi Linear shares it)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -41,7 +43,7 @@ def _train_tokenizer(out_dir: Path) -> None:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB - 2, special_tokens=["<|endoftext|>", "<|pad|>"],
+        vocab_size=vocab_size - 2, special_tokens=["<|endoftext|>", "<|pad|>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(_sentences(2000, seed=7), trainer=trainer)
@@ -49,9 +51,14 @@ def _train_tokenizer(out_dir: Path) -> None:
     fast.save_pretrained(str(out_dir))
 
 
-def build_tiny_qwen3_next(out_dir: str | Path, *, seed: int = 0) -> Path:
+def build_tiny_qwen3_next(
+    out_dir: str | Path, *, value_head_dim: int = 128, value_heads: int = 1, seed: int = 0
+) -> Path:
     """Save a 4-layer Qwen3-Next (GDN, attention, GDN, attention) with random weights.
 
+    ``value_heads`` GDN value heads (sharing one key head) widen the recurrent state and so
+    vLLM's inflated ``align`` block: 8 heads give a block of more than 1,024 tokens, the
+    size of real models' blocks relative to short prompts (the fine-grained hit tests).
     Returns ``out_dir`` (created if missing), ready for ``vllm.LLM(model=out_dir)``.
     """
     import torch
@@ -59,13 +66,13 @@ def build_tiny_qwen3_next(out_dir: str | Path, *, seed: int = 0) -> Path:
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    _train_tokenizer(out)
+    train_tokenizer(out)
     cfg = Qwen3NextConfig(
         vocab_size=VOCAB, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
         layer_types=["linear_attention", "full_attention"] * 2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=128,
-        linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        linear_num_key_heads=1, linear_num_value_heads=value_heads, linear_key_head_dim=128,
+        linear_value_head_dim=value_head_dim, linear_conv_kernel_dim=4,
         num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64,
         shared_expert_intermediate_size=64, decoder_sparse_step=1,
         max_position_embeddings=4096, tie_word_embeddings=False,
