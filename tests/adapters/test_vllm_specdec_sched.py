@@ -102,13 +102,8 @@ class SpecWorker(h.SimWorker):
 
         self.steps += 1
         for rid in list(out.finished_req_ids) + list(out.preempted_req_ids or ()):
-            self.tables.pop(rid, None)
-            self.state_col.pop(rid, None)
             self.accepted.pop(rid, None)
-        for b in out.new_block_ids_to_zero or ():
-            for pos in range(self.block_size):
-                self.kv.pop((b, pos), None)
-            self.state.pop(b, None)
+        self.apply_block_ops(out)  # zeroing, then kv_cache_block_copies (sub-block tails)
         fresh = h.mirror_tables(out, self.tables, self.state_col)
         for rid in fresh:
             self.accepted.pop(rid, None)
