@@ -200,16 +200,21 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         n = min(request.num_computed_tokens, mreq.num_allocated)
         if self.tails is not None and n > tr.fine_seen:
             tr.fine_seen = n
-            col = (n - 1) // self.block_size
-            self.tails.computed(rid, n, request.num_prompt_tokens,
-                                [tr.tables[g][col] for g in self.attn_ids],
-                                [tr.tables[g][col] for g in self.mamba_ids])
+            self._tell_tails(tr, n)
         self._unpin(tr, keep_from=n)
         if n > mreq.num_computed:
             self._hold_dropped_live_save(tr, mreq, n)
             self.manager.commit(rid, n)
             self.stats_counters.commits += 1
             self._pin_live_snapshot(tr, n)
+
+    def _tell_tails(self, tr: _Tracked, n: int) -> None:
+        """The worker has computed ``n`` tokens: the state is in the column holding ``n``."""
+        assert self.tails is not None
+        col = (n - 1) // self.block_size
+        self.tails.computed(tr.request.request_id, n, tr.request.num_prompt_tokens,
+                            [tr.tables[g][col] for g in self.attn_ids],
+                            [tr.tables[g][col] for g in self.mamba_ids])
 
     def _hold_dropped_live_save(self, tr: _Tracked, mreq: Any, n: int) -> None:
         """Keep the live column's save slot out of a commit that would free it.
