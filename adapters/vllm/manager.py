@@ -246,7 +246,9 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             return
         u = n // self.block_size - 1
         mreq = self.manager.requests[tr.request.request_id]
-        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if u >= 0 else None
+        # (u past the known units: a speculative step stopped the request inside it)
+        known = 0 <= u < len(mreq.hasher.digests)
+        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if known else None
         if node is not None and node.snap >= 0 and node.snap == tr.cols[u]:
             self.manager.index.pin_snapshot(node)
             tr.pinned.append((n, node))

@@ -11,6 +11,10 @@ state block records which token prefix its state is of, so:
 * every registered snapshot must hold the state of an *accepted* prefix at a block
   boundary: a rejected draft's state registered anywhere fails;
 * at the end no page or slot leaks (everything in use belongs to a cached entry).
+
+Sub-block tails (on by default) run here too: the worker applies the scheduler's
+``kv_cache_block_copies`` with :class:`vllm_sched_harness.SimWorker`'s block semantics, so
+a tail copied from the wrong state column or a wrong KV block fails the same checks.
 """
 
 from __future__ import annotations
@@ -85,6 +89,7 @@ def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
         sched.kv_cache_manager = manager_cls(
             kv_cache_config, max_model_len=old.manager.spec.max_model_len,
             config=old.manager.config, enable_caching=True, log_stats=True,
+            prefix_match_unit=old.tails.unit if old.tails is not None else None,
             num_speculative_tokens=K)
     return sched
 
@@ -304,3 +309,45 @@ def test_mutation_registering_a_rejected_draft_state_fails(model_dir):
                                 manager_cls=Mutated)
     with pytest.raises(AssertionError):
         drive_spec(sched, _sessions(3), 3, p_right=0.5)
+
+
+def _short_sessions(seed: int) -> dict:
+    """Prompts that end inside 64-token blocks: hits there are sub-block tails."""
+    return h.chats_and_document(seed, chats=3, turns=3, first=(20, 7), later=(15, 3),
+                                answers=(20, 12), questions=3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sub_block_tails_with_spec_decode(model_dir, seed):
+    """Tails hit under speculative decoding; outputs equal a run without drafts."""
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+
+    sessions = _short_sessions(seed)
+    base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
+    sched = make_spec_scheduler(model_dir, 400)
+    assert sched.kv_cache_manager.tails is not None
+    res, _ = drive_spec(sched, sessions, seed, p_right=[0.6, 1.0, 0.3][seed])
+    assert res.outputs == base.outputs
+    stats = sched.kv_cache_manager.stats()
+    assert stats["tail_hits"] > 0 and stats["saves_dropped"] == 0
+    assert any(hit % h.BLOCK for hit in res.hits.values())
+    assert sum(res.hits.values()) >= 0.95 * sum(base.hits.values())
+    assert sched.kv_cache_manager.num_owned_column_slots == 0
+    h.assert_ours_clean(sched)
+
+
+def test_mutation_tail_from_the_column_holding_n_fails(model_dir):
+    """Mutation: after a step with drafts, a tail copies the state block of the column
+    holding ``n`` (right without drafts) instead of the draft column the state is in."""
+    from hybridcache.adapters.vllm.manager import HybridKVCacheManager
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutated(SpecDecodeKVCacheManager):
+        _tell_tails = HybridKVCacheManager._tell_tails
+
+    # Snapshots at every block boundary: the next turn's block-level hit reaches the
+    # column of the last turn's decode tail, which it then extends.
+    sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64",
+                                manager_cls=Mutated)
+    with pytest.raises(AssertionError, match="starts from"):
+        drive_spec(sched, _sessions(2), 2, p_right=0.8)
