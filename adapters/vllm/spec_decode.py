@@ -210,8 +210,9 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             kv_col, state_col = (u - 1) // bs, cur + (u - c - 1)
             self.tails.computed(rid, u, prompt, [tr.tables[g][kv_col] for g in self.attn_ids],
                                 [tr.tables[g][state_col] for g in self.mamba_ids])
-        if u != n:  # passes saves up to n (n is no unit boundary inside a block here)
-            self.tails.computed(rid, n, prompt, [], [])
+        known = min(n, tr.request.num_tokens)
+        if u != known:  # passes saves up to n (no unit boundary inside a block: no tail)
+            self.tails.computed(rid, known, prompt, [], [])
 
     def _accept_keeping_pages(self, mreq: Any, a: int, end: int) -> None:
         """``accept(a)``, but the pages past the accepted tokens stay with the request.

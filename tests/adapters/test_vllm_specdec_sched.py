@@ -100,6 +100,7 @@ class SpecWorker(h.SimWorker):
 
     accepted: dict[str, int] = field(default_factory=dict)  # worker's num_accepted_tokens
     good: set[tuple[int, str]] = field(default_factory=set)  # accepted prefix states
+    good_any: set[tuple[int, str]] = field(default_factory=set)  # ... at any position
 
     def run_step(self, out: Any, requests: dict[str, Any], rng: random.Random) -> Any:
         """Apply ``out``, play the forward pass and sampling; the ``ModelRunnerOutput``."""
@@ -154,6 +155,7 @@ class SpecWorker(h.SimWorker):
                     self._write_state(table[g][curr + t], (c + t + 1, h.prefix_digest(inputs[: c + t + 1])))
             else:
                 self._write_state(table[g][curr], (c + q, h.prefix_digest(inputs)))
+                self.good_any.add((c + q, h.prefix_digest(inputs)))
                 if (c + q) % bs == 0:  # known tokens only: an accepted state
                     self.good.add((c + q, h.prefix_digest(inputs)))
         if c + q < req.num_tokens:  # a prefill chunk: nothing sampled
@@ -171,8 +173,10 @@ class SpecWorker(h.SimWorker):
             tokens.append(h.fake_token(seq))
         a = len(tokens)
         for n in range(c + 1, c + a + 1):
+            state = (n, h.prefix_digest((known[: c + q - len(drafts)] + tokens)[:n]))
+            self.good_any.add(state)
             if n % bs == 0:
-                self.good.add((n, h.prefix_digest((known[: c + q - len(drafts)] + tokens)[:n])))
+                self.good.add(state)
         self._postprocess(rid, c, q, len(drafts), a)
         return tokens
 
@@ -214,13 +218,19 @@ def drafts_for(sched: Any, rng: random.Random, p_right: float) -> Any:
 
 
 def check_snapshots(sched: Any, worker: SpecWorker) -> None:
-    """Every registered snapshot holds an accepted prefix's state at a block boundary."""
+    """Every registered snapshot holds an accepted prefix's state at a block boundary, and
+    every sub-block tail an accepted prefix's state at its own boundary."""
     km = sched.kv_cache_manager
     for node in km.manager.index.nodes.values():
         if node.snap < 0:
             continue
         got = worker.state.get(km._state_blocks(node.snap, 0))
         assert got in worker.good, f"snapshot slot {node.snap} holds {got}, not an accepted state"
+    for tail in km.tails.lru if km.tails is not None else ():  # sub-block tails
+        if tail.ready:
+            got = worker.state.get(km._state_blocks(tail.slot, 0))
+            assert got is not None and got[0] == tail.boundary and got in worker.good_any, (
+                f"tail at {tail.boundary} holds {got}, not an accepted state")
 
 
 def drive_spec(sched: Any, sessions: dict, seed: int, p_right: float) -> tuple[h.DriveResult, SpecWorker]:
@@ -349,5 +359,33 @@ def test_mutation_tail_from_the_column_holding_n_fails(model_dir):
     # column of the last turn's decode tail, which it then extends.
     sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64",
                                 manager_cls=Mutated)
-    with pytest.raises(AssertionError, match="starts from"):
+    with pytest.raises(AssertionError, match="starts from|not an accepted state"):
         drive_spec(sched, _sessions(2), 2, p_right=0.8)
+
+
+def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
+    """Mutation: a tail after a step with drafts copies the step's last written column
+    (the state after its last draft, accepted or not) under the accepted boundary's key."""
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutated(SpecDecodeKVCacheManager):
+        def _accept_step(self, tr):
+            st = self._spec.get(tr.request.request_id)
+            self._mut_q = st.step[1] if st is not None and st.step is not None else None
+            return super()._accept_step(tr)
+
+        def _tell_tails(self, tr, n):
+            st = self._spec.get(tr.request.request_id)
+            unit = self.tails.unit
+            u = min(n, tr.request.num_tokens) // unit * unit
+            if st is None or st.landed is None or not st.landed[0] < u or u % h.BLOCK == 0:
+                return super()._tell_tails(tr, n)
+            last = st.landed[2] + self._mut_q - 1
+            self.tails.computed(tr.request.request_id, u, tr.request.num_prompt_tokens,
+                                [tr.tables[g][(u - 1) // h.BLOCK] for g in self.attn_ids],
+                                [tr.tables[g][last] for g in self.mamba_ids])
+            return None
+
+    sched = make_spec_scheduler(model_dir, 400, manager_cls=Mutated)
+    with pytest.raises(AssertionError, match="not an accepted state"):
+        drive_spec(sched, _short_sessions(0), 0, p_right=0.5)
