@@ -34,7 +34,8 @@ def _check(model, d, label: str) -> None:
     st = spec["hybridcache"]
     print(f"\n{label}: cached tokens without spec decode {_total(plain)}, with {_total(spec)}; "
           f"drafts {st['draft_tokens']}, accepted {st['accepted_drafts']}, "
-          f"rejected saves {st['rejected_saves']}")
+          f"rejected saves {st['rejected_saves']}; sub-block tail hits without "
+          f"{plain['hybridcache'].get('tail_hits')}, with {st.get('tail_hits')}")
     for a, b in zip(off["requests"], spec["requests"]):
         assert a["name"] == b["name"] and a["output"] == b["output"], (label, a["name"])
     assert 0 < st["accepted_drafts"] < st["draft_tokens"]
