@@ -206,7 +206,10 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         while u > c and u % bs == 0:
             u -= unit
         rid, prompt = tr.request.request_id, tr.request.num_prompt_tokens
-        if u > c:
+        # A step that ends on a block boundary has the worker copy that state into column
+        # ``cur`` after sampling: the state after the first input is gone from there.
+        lowest = c + 2 if n % bs == 0 and n // bs - 1 == cur else c + 1
+        if u >= lowest:
             kv_col, state_col = (u - 1) // bs, cur + (u - c - 1)
             self.tails.computed(rid, u, prompt, [tr.tables[g][kv_col] for g in self.attn_ids],
                                 [tr.tables[g][state_col] for g in self.mamba_ids])
