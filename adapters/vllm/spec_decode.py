@@ -42,12 +42,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
 from hybridcache.manager import Allocation
 
 from .manager import NULL_SLOT, HybridKVCacheManager, _Tracked
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -190,6 +193,12 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         """Sub-block tails after a step with drafts: the state after its ``t + 1``-th input
         is in column ``cur + t``, not in the column holding ``n``.
 
+        Not reached by engines today (:func:`sub_block_unit` turns tails off with
+        speculative decoding): this holds for the recurrent (SSM) state, but vLLM keeps a
+        speculative step's *conv* state in column ``cur`` only, read at an offset of the
+        accepted count, which a whole-block copy cannot capture. Kept, and tested on the
+        simulated worker (one state per block), for the day tails copy that state right.
+
         Every accepted position's state was written, so the tail is made at the deepest
         unit boundary the step's accepted tokens reach (inside a block), not only when
         ``n`` itself lands on one; ``n`` is then told with no tail to make.
@@ -292,6 +301,26 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         return sum(len(st.owned) for st in self._spec.values())
 
 
+def sub_block_unit(vllm_config: Any, unit: int | None) -> int | None:
+    """The sub-block tail unit for this engine: ``unit``, or ``None`` (tails off) with
+    speculative decoding.
+
+    A speculative step leaves the state at a position inside it split over columns: the
+    recurrent state in column ``cur + t``, the conv state in column ``cur`` at an offset
+    of the accepted count (vLLM's ``spec_state_indices[:, 0]``). Sub-block tails copy
+    whole blocks through ``kv_cache_block_copies``, so a tail made after such a step holds
+    a wrong conv state: the likely cause of the one mismatch measured (a tiny Qwen3-Next,
+    n-gram drafts: a request hitting a tail at 752 diverged from caching off at its second
+    output token; with tails off every output equals). Tails are turned off; block-level
+    hits and snapshots are unaffected.
+    """
+    if unit is None or getattr(vllm_config, "speculative_config", None) is None:
+        return unit
+    logger.info("hybridcache: sub-block tails (prefix_match_unit %d) are off with speculative "
+                "decoding; hits and states stay on block boundaries", unit)
+    return None
+
+
 def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, Any]]:
     """The manager class and extra arguments for this engine (the scheduler's one hook).
 
@@ -308,4 +337,4 @@ def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, An
     return SpecDecodeKVCacheManager, {"num_speculative_tokens": int(spec.num_speculative_tokens)}
 
 
-__all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for"]
+__all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for", "sub_block_unit"]

@@ -12,9 +12,12 @@ state block records which token prefix its state is of, so:
   boundary: a rejected draft's state registered anywhere fails;
 * at the end no page or slot leaks (everything in use belongs to a cached entry).
 
-Sub-block tails (on by default) run here too: the worker applies the scheduler's
-``kv_cache_block_copies`` with :class:`vllm_sched_harness.SimWorker`'s block semantics, so
-a tail copied from the wrong state column or a wrong KV block fails the same checks.
+The scheduler turns sub-block tails off under speculative decoding (vLLM's conv-state
+layout of a speculative step cannot be block-copied, ``spec_decode.sub_block_unit``);
+the tests that build the manager with tails anyway check the recurrent-state columns
+they copy: the worker applies ``kv_cache_block_copies`` with
+:class:`vllm_sched_harness.SimWorker`'s block semantics, so a tail copied from the wrong
+column or a wrong KV block fails the same checks.
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ K = 3  # draft tokens per step
 
 
 def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
-                        admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None) -> Any:
+                        admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None,
+                        tails_unit: int | None = None) -> Any:
     """``vllm_sched_harness.make_scheduler`` with an n-gram speculative config of ``K``
     tokens (Mamba blocks get ``K`` speculative columns, as vLLM's engine gives them).
-    ``manager_cls`` replaces the spec-decode manager (the mutation test)."""
+    ``manager_cls`` replaces the spec-decode manager (the mutation test); ``tails_unit``
+    builds it with sub-block tails, which the scheduler itself turns off under speculative
+    decoding (the simulated worker's one state per block checks the recurrent-state
+    columns they would copy, not vLLM's conv-state layout)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -84,13 +91,14 @@ def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs,
         log_stats=True)
-    if manager_cls is not None:
+    if manager_cls is not None or tails_unit is not None:
+        from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
         old = sched.kv_cache_manager
-        sched.kv_cache_manager = manager_cls(
+        sched.kv_cache_manager = (manager_cls or SpecDecodeKVCacheManager)(
             kv_cache_config, max_model_len=old.manager.spec.max_model_len,
             config=old.manager.config, enable_caching=True, log_stats=True,
-            prefix_match_unit=old.tails.unit if old.tails is not None else None,
-            num_speculative_tokens=K)
+            prefix_match_unit=tails_unit, num_speculative_tokens=K)
     return sched
 
 
@@ -329,12 +337,13 @@ def _short_sessions(seed: int) -> dict:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sub_block_tails_with_spec_decode(model_dir, seed):
-    """Tails hit under speculative decoding; outputs equal a run without drafts."""
+    """A manager built with tails (the scheduler turns them off): they hit, outputs equal
+    a run without drafts, every tail holds an accepted state, nothing leaks."""
     from hybridcache.adapters.vllm import HybridCacheScheduler
 
     sessions = _short_sessions(seed)
     base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
-    sched = make_spec_scheduler(model_dir, 400)
+    sched = make_spec_scheduler(model_dir, 400, tails_unit=16)
     assert sched.kv_cache_manager.tails is not None
     res, _ = drive_spec(sched, sessions, seed, p_right=[0.6, 1.0, 0.3][seed])
     assert res.outputs == base.outputs
@@ -358,7 +367,7 @@ def test_mutation_tail_from_the_column_holding_n_fails(model_dir):
     # Snapshots at every block boundary: the next turn's block-level hit reaches the
     # column of the last turn's decode tail, which it then extends.
     sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64",
-                                manager_cls=Mutated)
+                                manager_cls=Mutated, tails_unit=16)
     with pytest.raises(AssertionError, match="starts from|not an accepted state"):
         drive_spec(sched, _sessions(2), 2, p_right=0.8)
 
@@ -386,6 +395,24 @@ def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
                                 [tr.tables[g][last] for g in self.mamba_ids])
             return None
 
-    sched = make_spec_scheduler(model_dir, 400, manager_cls=Mutated)
+    sched = make_spec_scheduler(model_dir, 400, manager_cls=Mutated, tails_unit=16)
     with pytest.raises(AssertionError, match="not an accepted state"):
         drive_spec(sched, _short_sessions(0), 0, p_right=0.5)
+
+
+def test_scheduler_turns_sub_block_tails_off_under_spec_decode(model_dir):
+    """The default 16-token unit gives no tails with drafts: hits stay on block
+    boundaries; without speculative decoding the same config has tails."""
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+    from hybridcache.adapters.vllm.spec_decode import sub_block_unit
+
+    sched = make_spec_scheduler(model_dir, 400)
+    assert sched.kv_cache_manager.tails is None
+    assert sched.prefix_match_unit() == 16  # asked for, and refused for the manager
+    assert sub_block_unit(sched.vllm_config, 16) is None
+    res, _ = drive_spec(sched, _short_sessions(0), 0, p_right=0.6)
+    assert all(hit % h.BLOCK == 0 for hit in res.hits.values())
+    assert sum(res.hits.values()) > 0
+    plain = h.make_scheduler(model_dir, HybridCacheScheduler, 400)
+    assert plain.kv_cache_manager.tails is not None
+    assert sub_block_unit(plain.vllm_config, 16) == 16
