@@ -400,14 +400,19 @@ def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
         drive_spec(sched, _short_sessions(0), 0, p_right=0.5)
 
 
-def test_scheduler_turns_sub_block_tails_off_under_spec_decode(model_dir):
-    """The default 16-token unit gives no tails with drafts: hits stay on block
-    boundaries; without speculative decoding the same config has tails."""
+def test_scheduler_turns_sub_block_tails_off_under_spec_decode(model_dir, caplog):
+    """The default 16-token unit gives no tails with drafts (an INFO line says so): hits
+    stay on block boundaries; without speculative decoding the same config has tails."""
+    import logging
+
     from hybridcache.adapters.vllm import HybridCacheScheduler
     from hybridcache.adapters.vllm.spec_decode import sub_block_unit
 
-    sched = make_spec_scheduler(model_dir, 400)
+    with caplog.at_level(logging.INFO, logger="hybridcache.adapters.vllm.spec_decode"):
+        sched = make_spec_scheduler(model_dir, 400)
     assert sched.kv_cache_manager.tails is None
+    assert any("sub-block tails" in r.getMessage() and "off" in r.getMessage()
+               for r in caplog.records)
     assert sched.prefix_match_unit() == 16  # asked for, and refused for the manager
     assert sub_block_unit(sched.vllm_config, 16) is None
     res, _ = drive_spec(sched, _short_sessions(0), 0, p_right=0.6)
