@@ -201,10 +201,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         n = min(request.num_computed_tokens, mreq.num_allocated)
         if self.tails is not None and n > tr.fine_seen:
             tr.fine_seen = n
-            col = (n - 1) // self.block_size
-            self.tails.computed(rid, n, request.num_prompt_tokens,
-                                [tr.tables[g][col] for g in self.attn_ids],
-                                [tr.tables[g][col] for g in self.mamba_ids])
+            self._tell_tails(tr, n)
         self._unpin(tr, keep_from=n)
         if n > mreq.num_computed:
             self._hold_dropped_live_save(tr, mreq, n)
@@ -213,6 +210,14 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
                 self.kv_events.collect(request)
             self.stats_counters.commits += 1
             self._pin_live_snapshot(tr, n)
+
+    def _tell_tails(self, tr: _Tracked, n: int) -> None:
+        """The worker has computed ``n`` tokens: the state is in the column holding ``n``."""
+        assert self.tails is not None
+        col = (n - 1) // self.block_size
+        self.tails.computed(tr.request.request_id, n, tr.request.num_prompt_tokens,
+                            [tr.tables[g][col] for g in self.attn_ids],
+                            [tr.tables[g][col] for g in self.mamba_ids])
 
     def _hold_dropped_live_save(self, tr: _Tracked, mreq: Any, n: int) -> None:
         """Keep the live column's save slot out of a commit that would free it.
@@ -244,7 +249,9 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             return
         u = n // self.block_size - 1
         mreq = self.manager.requests[tr.request.request_id]
-        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if u >= 0 else None
+        # (u past the known units: a speculative step stopped the request inside it)
+        known = 0 <= u < len(mreq.hasher.digests)
+        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if known else None
         if node is not None and node.snap >= 0 and node.snap == tr.cols[u]:
             self.manager.index.pin_snapshot(node)
             tr.pinned.append((n, node))

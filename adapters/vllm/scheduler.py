@@ -108,7 +108,7 @@ class HybridCacheScheduler(Scheduler):
             hf_config=getattr(self.vllm_config.model_config, "hf_config", None),
             enable_caching=bool(self.cache_config.enable_prefix_caching),
             log_stats=self.log_stats,
-            prefix_match_unit=self.prefix_match_unit(),
+            prefix_match_unit=spec_decode.sub_block_unit(self.vllm_config, self.prefix_match_unit()),
             **spec_kwargs,
         )
         if self.enable_kv_cache_events:  # vLLM's KV events for routers (see .kv_events)

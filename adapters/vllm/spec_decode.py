@@ -42,12 +42,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
 from hybridcache.manager import Allocation
 
 from .manager import NULL_SLOT, HybridKVCacheManager, _Tracked
+
+logger = init_logger(__name__)
 
 
 @dataclass
@@ -56,6 +59,7 @@ class _SpecState:
 
     owned: dict[int, int] = field(default_factory=dict)  # column -> slot
     step: tuple[int, int, int] | None = None  # (c, q, d) of the step in flight
+    landed: tuple[int, int, int] | None = None  # (c, end, cur) of the last step with drafts
     saves: list[tuple[int, int]] = field(default_factory=list)  # (boundary, core slot)
 
 
@@ -103,13 +107,29 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         return out
 
     def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
+        """As the base class (sub-block tails yield first), with the step's draft slots;
+        the room asked of the tails includes the state columns this step may add."""
         from hybridcache.errors import OutOfSpaceError
 
-        try:
-            return self.manager.allocate(rid, num_tokens, num_draft=self._draft)
-        except OutOfSpaceError:
-            self.stats_counters.allocation_failures += 1
-            return None
+        if self.tails is not None:
+            self.tails.make_room(self._arena_blocks_needed(num_tokens) + 1 + self.num_spec)
+        while True:
+            try:
+                return self.manager.allocate(rid, num_tokens, num_draft=self._draft)
+            except OutOfSpaceError:
+                if self.tails is not None and self.tails.evict_one():
+                    continue
+                self.stats_counters.allocation_failures += 1
+                return None
+
+    def _column_slot(self) -> int:
+        """A slot for a state column: from the index (evicting entries), else a tail's."""
+        slot = self.manager.index.alloc_slot()
+        while slot is None and self.tails is not None and self.tails.evict_one():
+            slot = self.manager.index.alloc_slot()
+        if slot is None:
+            raise RuntimeError("hybridcache: no state slot for a speculative column")
+        return slot
 
     def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
         """Pages as the base class; a slot of its own for every state column."""
@@ -127,9 +147,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         end = alloc.start + alloc.num_tokens - self._lookahead  # the main model's tokens
         last = (end - 1) // self.block_size + self.num_spec
         while len(tr.cols) <= last:
-            slot = self.manager.index.alloc_slot()
-            if slot is None:
-                raise RuntimeError("hybridcache: no state slot for a speculative column")
+            slot = self._column_slot()
             st.owned[len(tr.cols)] = slot
             tr.cols.append(slot)
         mreq = self.manager.requests[rid]
@@ -155,11 +173,13 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             return
         c, q, d = st.step
         st.step = None
+        st.landed = None
         mreq = self.manager.requests[rid]
         n_step = mreq.num_allocated - mreq.step_start
         a = min(max(tr.request.num_computed_tokens - mreq.step_start, 1), n_step)
         end = mreq.step_start + a
         if d:
+            st.landed = (c, end, (c + q - 1) // self.block_size)
             self.draft_tokens += d
             self.accepted_drafts += min(a - 1, d)
         if mreq.draft_slots or a < n_step:
@@ -168,6 +188,43 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             self._serve_save(st, mreq, boundary, core_slot, end)
         st.saves = []
         self._free_dead_columns(st, min(end // self.block_size, (c + q - 1) // self.block_size))
+
+    def _tell_tails(self, tr: _Tracked, n: int) -> None:
+        """Sub-block tails after a step with drafts: the state after its ``t + 1``-th input
+        is in column ``cur + t``, not in the column holding ``n``.
+
+        Not reached by engines today (:func:`sub_block_unit` turns tails off with
+        speculative decoding): this holds for the recurrent (SSM) state, but vLLM keeps a
+        speculative step's *conv* state in column ``cur`` only, read at an offset of the
+        accepted count, which a whole-block copy cannot capture. Kept, and tested on the
+        simulated worker (one state per block), for the day tails copy that state right.
+
+        Every accepted position's state was written, so the tail is made at the deepest
+        unit boundary the step's accepted tokens reach (inside a block), not only when
+        ``n`` itself lands on one; ``n`` is then told with no tail to make.
+        """
+        assert self.tails is not None
+        st = self._spec.get(tr.request.request_id)
+        if st is None or st.landed is None or st.landed[1] != n:
+            return super()._tell_tails(tr, n)
+        c, _, cur = st.landed
+        unit, bs = self.tails.unit, self.block_size
+        # A request stopped inside the step keeps computed positions past its last token
+        # (vLLM trims the output, not num_computed_tokens): a tail covers known tokens only.
+        u = min(n, tr.request.num_tokens) // unit * unit
+        while u > c and u % bs == 0:
+            u -= unit
+        rid, prompt = tr.request.request_id, tr.request.num_prompt_tokens
+        # A step that ends on a block boundary has the worker copy that state into column
+        # ``cur`` after sampling: the state after the first input is gone from there.
+        lowest = c + 2 if n % bs == 0 and n // bs - 1 == cur else c + 1
+        if u >= lowest:
+            kv_col, state_col = (u - 1) // bs, cur + (u - c - 1)
+            self.tails.computed(rid, u, prompt, [tr.tables[g][kv_col] for g in self.attn_ids],
+                                [tr.tables[g][state_col] for g in self.mamba_ids])
+        known = min(n, tr.request.num_tokens)
+        if u != known:  # passes saves up to n (no unit boundary inside a block: no tail)
+            self.tails.computed(rid, known, prompt, [], [])
 
     def _accept_keeping_pages(self, mreq: Any, a: int, end: int) -> None:
         """``accept(a)``, but the pages past the accepted tokens stay with the request.
@@ -244,6 +301,26 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         return sum(len(st.owned) for st in self._spec.values())
 
 
+def sub_block_unit(vllm_config: Any, unit: int | None) -> int | None:
+    """The sub-block tail unit for this engine: ``unit``, or ``None`` (tails off) with
+    speculative decoding.
+
+    A speculative step leaves the state at a position inside it split over columns: the
+    recurrent state in column ``cur + t``, the conv state in column ``cur`` at an offset
+    of the accepted count (vLLM's ``spec_state_indices[:, 0]``). Sub-block tails copy
+    whole blocks through ``kv_cache_block_copies``, so a tail made after such a step holds
+    a wrong conv state: the likely cause of the one mismatch measured (a tiny Qwen3-Next,
+    n-gram drafts: a request hitting a tail at 752 diverged from caching off at its second
+    output token; with tails off every output equals). Tails are turned off; block-level
+    hits and snapshots are unaffected.
+    """
+    if unit is None or getattr(vllm_config, "speculative_config", None) is None:
+        return unit
+    logger.info("hybridcache: sub-block tails (prefix_match_unit %d) are off with speculative "
+                "decoding; hits and states stay on block boundaries", unit)
+    return None
+
+
 def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, Any]]:
     """The manager class and extra arguments for this engine (the scheduler's one hook).
 
@@ -260,4 +337,4 @@ def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, An
     return SpecDecodeKVCacheManager, {"num_speculative_tokens": int(spec.num_speculative_tokens)}
 
 
-__all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for"]
+__all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for", "sub_block_unit"]

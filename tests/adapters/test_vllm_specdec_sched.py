@@ -11,6 +11,13 @@ state block records which token prefix its state is of, so:
 * every registered snapshot must hold the state of an *accepted* prefix at a block
   boundary: a rejected draft's state registered anywhere fails;
 * at the end no page or slot leaks (everything in use belongs to a cached entry).
+
+The scheduler turns sub-block tails off under speculative decoding (vLLM's conv-state
+layout of a speculative step cannot be block-copied, ``spec_decode.sub_block_unit``);
+the tests that build the manager with tails anyway check the recurrent-state columns
+they copy: the worker applies ``kv_cache_block_copies`` with
+:class:`vllm_sched_harness.SimWorker`'s block semantics, so a tail copied from the wrong
+column or a wrong KV block fails the same checks.
 """
 
 from __future__ import annotations
@@ -34,10 +41,14 @@ K = 3  # draft tokens per step
 
 
 def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
-                        admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None) -> Any:
+                        admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None,
+                        tails_unit: int | None = None) -> Any:
     """``vllm_sched_harness.make_scheduler`` with an n-gram speculative config of ``K``
     tokens (Mamba blocks get ``K`` speculative columns, as vLLM's engine gives them).
-    ``manager_cls`` replaces the spec-decode manager (the mutation test)."""
+    ``manager_cls`` replaces the spec-decode manager (the mutation test); ``tails_unit``
+    builds it with sub-block tails, which the scheduler itself turns off under speculative
+    decoding (the simulated worker's one state per block checks the recurrent-state
+    columns they would copy, not vLLM's conv-state layout)."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -80,12 +91,14 @@ def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs,
         log_stats=True)
-    if manager_cls is not None:
+    if manager_cls is not None or tails_unit is not None:
+        from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
         old = sched.kv_cache_manager
-        sched.kv_cache_manager = manager_cls(
+        sched.kv_cache_manager = (manager_cls or SpecDecodeKVCacheManager)(
             kv_cache_config, max_model_len=old.manager.spec.max_model_len,
             config=old.manager.config, enable_caching=True, log_stats=True,
-            num_speculative_tokens=K)
+            prefix_match_unit=tails_unit, num_speculative_tokens=K)
     return sched
 
 
@@ -95,6 +108,7 @@ class SpecWorker(h.SimWorker):
 
     accepted: dict[str, int] = field(default_factory=dict)  # worker's num_accepted_tokens
     good: set[tuple[int, str]] = field(default_factory=set)  # accepted prefix states
+    good_any: set[tuple[int, str]] = field(default_factory=set)  # ... at any position
 
     def run_step(self, out: Any, requests: dict[str, Any], rng: random.Random) -> Any:
         """Apply ``out``, play the forward pass and sampling; the ``ModelRunnerOutput``."""
@@ -102,13 +116,8 @@ class SpecWorker(h.SimWorker):
 
         self.steps += 1
         for rid in list(out.finished_req_ids) + list(out.preempted_req_ids or ()):
-            self.tables.pop(rid, None)
-            self.state_col.pop(rid, None)
             self.accepted.pop(rid, None)
-        for b in out.new_block_ids_to_zero or ():
-            for pos in range(self.block_size):
-                self.kv.pop((b, pos), None)
-            self.state.pop(b, None)
+        self.apply_block_ops(out)  # zeroing, then kv_cache_block_copies (sub-block tails)
         fresh = h.mirror_tables(out, self.tables, self.state_col)
         for rid in fresh:
             self.accepted.pop(rid, None)
@@ -154,6 +163,7 @@ class SpecWorker(h.SimWorker):
                     self._write_state(table[g][curr + t], (c + t + 1, h.prefix_digest(inputs[: c + t + 1])))
             else:
                 self._write_state(table[g][curr], (c + q, h.prefix_digest(inputs)))
+                self.good_any.add((c + q, h.prefix_digest(inputs)))
                 if (c + q) % bs == 0:  # known tokens only: an accepted state
                     self.good.add((c + q, h.prefix_digest(inputs)))
         if c + q < req.num_tokens:  # a prefill chunk: nothing sampled
@@ -171,8 +181,10 @@ class SpecWorker(h.SimWorker):
             tokens.append(h.fake_token(seq))
         a = len(tokens)
         for n in range(c + 1, c + a + 1):
+            state = (n, h.prefix_digest((known[: c + q - len(drafts)] + tokens)[:n]))
+            self.good_any.add(state)
             if n % bs == 0:
-                self.good.add((n, h.prefix_digest((known[: c + q - len(drafts)] + tokens)[:n])))
+                self.good.add(state)
         self._postprocess(rid, c, q, len(drafts), a)
         return tokens
 
@@ -214,13 +226,19 @@ def drafts_for(sched: Any, rng: random.Random, p_right: float) -> Any:
 
 
 def check_snapshots(sched: Any, worker: SpecWorker) -> None:
-    """Every registered snapshot holds an accepted prefix's state at a block boundary."""
+    """Every registered snapshot holds an accepted prefix's state at a block boundary, and
+    every sub-block tail an accepted prefix's state at its own boundary."""
     km = sched.kv_cache_manager
     for node in km.manager.index.nodes.values():
         if node.snap < 0:
             continue
         got = worker.state.get(km._state_blocks(node.snap, 0))
         assert got in worker.good, f"snapshot slot {node.snap} holds {got}, not an accepted state"
+    for tail in km.tails.lru if km.tails is not None else ():  # sub-block tails
+        if tail.ready:
+            got = worker.state.get(km._state_blocks(tail.slot, 0))
+            assert got is not None and got[0] == tail.boundary and got in worker.good_any, (
+                f"tail at {tail.boundary} holds {got}, not an accepted state")
 
 
 def drive_spec(sched: Any, sessions: dict, seed: int, p_right: float) -> tuple[h.DriveResult, SpecWorker]:
@@ -309,3 +327,97 @@ def test_mutation_registering_a_rejected_draft_state_fails(model_dir):
                                 manager_cls=Mutated)
     with pytest.raises(AssertionError):
         drive_spec(sched, _sessions(3), 3, p_right=0.5)
+
+
+def _short_sessions(seed: int) -> dict:
+    """Prompts that end inside 64-token blocks: hits there are sub-block tails."""
+    return h.chats_and_document(seed, chats=3, turns=3, first=(20, 7), later=(15, 3),
+                                answers=(20, 12), questions=3)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sub_block_tails_with_spec_decode(model_dir, seed):
+    """A manager built with tails (the scheduler turns them off): they hit, outputs equal
+    a run without drafts, every tail holds an accepted state, nothing leaks."""
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+
+    sessions = _short_sessions(seed)
+    base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
+    sched = make_spec_scheduler(model_dir, 400, tails_unit=16)
+    assert sched.kv_cache_manager.tails is not None
+    res, _ = drive_spec(sched, sessions, seed, p_right=[0.6, 1.0, 0.3][seed])
+    assert res.outputs == base.outputs
+    stats = sched.kv_cache_manager.stats()
+    assert stats["tail_hits"] > 0 and stats["saves_dropped"] == 0
+    assert any(hit % h.BLOCK for hit in res.hits.values())
+    assert sum(res.hits.values()) >= 0.95 * sum(base.hits.values())
+    assert sched.kv_cache_manager.num_owned_column_slots == 0
+    h.assert_ours_clean(sched)
+
+
+def test_mutation_tail_from_the_column_holding_n_fails(model_dir):
+    """Mutation: after a step with drafts, a tail copies the state block of the column
+    holding ``n`` (right without drafts) instead of the draft column the state is in."""
+    from hybridcache.adapters.vllm.manager import HybridKVCacheManager
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutated(SpecDecodeKVCacheManager):
+        _tell_tails = HybridKVCacheManager._tell_tails
+
+    # Snapshots at every block boundary: the next turn's block-level hit reaches the
+    # column of the last turn's decode tail, which it then extends.
+    sched = make_spec_scheduler(model_dir, 400, admission=h.DEFAULT_ADMISSION + "+interval:64",
+                                manager_cls=Mutated, tails_unit=16)
+    with pytest.raises(AssertionError, match="starts from|not an accepted state"):
+        drive_spec(sched, _sessions(2), 2, p_right=0.8)
+
+
+def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
+    """Mutation: a tail after a step with drafts copies the step's last written column
+    (the state after its last draft, accepted or not) under the accepted boundary's key."""
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutated(SpecDecodeKVCacheManager):
+        def _accept_step(self, tr):
+            st = self._spec.get(tr.request.request_id)
+            self._mut_q = st.step[1] if st is not None and st.step is not None else None
+            return super()._accept_step(tr)
+
+        def _tell_tails(self, tr, n):
+            st = self._spec.get(tr.request.request_id)
+            unit = self.tails.unit
+            u = min(n, tr.request.num_tokens) // unit * unit
+            if st is None or st.landed is None or not st.landed[0] < u or u % h.BLOCK == 0:
+                return super()._tell_tails(tr, n)
+            last = st.landed[2] + self._mut_q - 1
+            self.tails.computed(tr.request.request_id, u, tr.request.num_prompt_tokens,
+                                [tr.tables[g][(u - 1) // h.BLOCK] for g in self.attn_ids],
+                                [tr.tables[g][last] for g in self.mamba_ids])
+            return None
+
+    sched = make_spec_scheduler(model_dir, 400, manager_cls=Mutated, tails_unit=16)
+    with pytest.raises(AssertionError, match="not an accepted state"):
+        drive_spec(sched, _short_sessions(0), 0, p_right=0.5)
+
+
+def test_scheduler_turns_sub_block_tails_off_under_spec_decode(model_dir, caplog):
+    """The default 16-token unit gives no tails with drafts (an INFO line says so): hits
+    stay on block boundaries; without speculative decoding the same config has tails."""
+    import logging
+
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+    from hybridcache.adapters.vllm.spec_decode import sub_block_unit
+
+    with caplog.at_level(logging.INFO, logger="hybridcache.adapters.vllm.spec_decode"):
+        sched = make_spec_scheduler(model_dir, 400)
+    assert sched.kv_cache_manager.tails is None
+    assert any("sub-block tails" in r.getMessage() and "off" in r.getMessage()
+               for r in caplog.records)
+    assert sched.prefix_match_unit() == 16  # asked for, and refused for the manager
+    assert sub_block_unit(sched.vllm_config, 16) is None
+    res, _ = drive_spec(sched, _short_sessions(0), 0, p_right=0.6)
+    assert all(hit % h.BLOCK == 0 for hit in res.hits.values())
+    assert sum(res.hits.values()) > 0
+    plain = h.make_scheduler(model_dir, HybridCacheScheduler, 400)
+    assert plain.kv_cache_manager.tails is not None
+    assert sub_block_unit(plain.vllm_config, 16) == 16

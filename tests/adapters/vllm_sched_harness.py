@@ -184,10 +184,16 @@ class SimWorker:
 
     def apply(self, out: Any, requests: dict[str, Any]) -> None:
         self.steps += 1
-        for rid in out.finished_req_ids:
-            self.tables.pop(rid, None)
-            self.state_col.pop(rid, None)
-        for rid in out.preempted_req_ids or ():
+        self.apply_block_ops(out)
+        mirror_tables(out, self.tables, self.state_col)
+        self._check_disjoint(out, requests)
+        self._run_all(out, requests)
+
+    def apply_block_ops(self, out: Any) -> None:
+        """What vLLM's worker does to blocks before the step's tables (``_update_states``):
+        forget finished / preempted requests, zero new blocks, then run the scheduler's
+        ``kv_cache_block_copies`` (whole blocks, in order)."""
+        for rid in list(out.finished_req_ids) + list(out.preempted_req_ids or ()):
             self.tables.pop(rid, None)
             self.state_col.pop(rid, None)
         for b in out.new_block_ids_to_zero or ():
@@ -196,9 +202,6 @@ class SimWorker:
             self.state.pop(b, None)
         for c in out.kv_cache_block_copies or ():
             self._copy(c.src_block_id, c.dst_block_id)
-        mirror_tables(out, self.tables, self.state_col)
-        self._check_disjoint(out, requests)
-        self._run_all(out, requests)
 
     def _check_disjoint(self, out: Any, requests: dict[str, Any]) -> None:
         """Blocks written this step: a running state block is nobody's KV page, nor shared."""
