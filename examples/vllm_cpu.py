@@ -27,7 +27,7 @@ from pathlib import Path  # noqa: E402
 
 SCHEDULER = "hybridcache.adapters.vllm.HybridCacheScheduler"
 #: The metrics printed; ``scheduler.hybridcache_stats()`` returns many more.
-SHOWN = ("token_hit_rate", "request_hit_rate", "prefill_flops_saved_frac", "snapshots_saved",
+SHOWN = ("served_token_hit_rate", "token_hit_rate", "request_hit_rate", "prefill_flops_saved_frac", "snapshots_saved",
          "kv_pages_registered", "evictions_kv", "evictions_state", "used_bytes", "block_size")
 
 

@@ -433,6 +433,8 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         if tr is None:
             tr = self._track_first(request, alloc, base_hit)
             tr.fine_seen = num_new_computed_tokens
+            self.stats_counters.served_prompt_tokens += request.num_prompt_tokens
+            self.stats_counters.served_hit_tokens += num_new_computed_tokens
         self._extend_tables(tr, alloc)
         if fine is not None and fine.tail is not None and self.tails is not None:
             col = fine.hit_tokens // self.block_size

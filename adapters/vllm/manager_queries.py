@@ -88,6 +88,10 @@ class BlockQueries:
         """The engine's metrics plus the adapter's counters, JSON-friendly."""
         out = dict(self.manager.stats())
         out.update(dataclasses.asdict(self.stats_counters))
+        c = self.stats_counters
+        out["served_token_hit_rate"] = (
+            c.served_hit_tokens / c.served_prompt_tokens if c.served_prompt_tokens else 0.0
+        )
         if self.tails is not None:
             out.update(self.tails.stats())
         out["block_size"] = self.block_size

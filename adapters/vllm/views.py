@@ -30,6 +30,12 @@ class AdapterStats:
 
     lookups: int = 0
     lookup_hit_tokens: int = 0
+    # What vLLM was told at each request's first allocation (after (re)admission): prompt
+    # tokens and hit tokens, sub-block tails included. The core's own ``token_hit_rate``
+    # counts only its block-level hits, so with tails the served rate is the one that
+    # equals vLLM's ``num_cached_tokens`` over its prompt tokens.
+    served_prompt_tokens: int = 0
+    served_hit_tokens: int = 0
     allocations: int = 0
     allocation_failures: int = 0
     saves_in_place: int = 0
