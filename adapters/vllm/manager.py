@@ -498,8 +498,9 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             tr.tables[gid] = list(alloc.block_table[self.manager.groups[k]][:hit_units])
         return tr
 
-    def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
-        """Append new pages and state columns; run save points in place (module docstring)."""
+    def _extend_pages(self, tr: _Tracked, alloc: Allocation) -> None:
+        """Append the allocation's new attention pages to the worker's block tables (the
+        pages the worker already holds never change)."""
         for k, gid in enumerate(self.attn_ids):
             table = alloc.block_table[self.manager.groups[k]]
             old = tr.tables[gid]
@@ -507,6 +508,10 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
                 raise RuntimeError("hybridcache changed pages the worker already holds")
             self._new_block_ids.extend(table[len(old) :])
             tr.tables[gid] = list(table)
+
+    def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
+        """Append new pages and state columns; run save points in place (module docstring)."""
+        self._extend_pages(tr, alloc)
         if not self.mamba_ids:
             return
         mreq = self.manager.requests[tr.request.request_id]

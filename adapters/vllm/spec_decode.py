@@ -133,13 +133,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
 
     def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
         """Pages as the base class; a slot of its own for every state column."""
-        for k, gid in enumerate(self.attn_ids):
-            table = alloc.block_table[self.manager.groups[k]]
-            old = tr.tables[gid]
-            if table[: len(old)] != old:
-                raise RuntimeError("hybridcache changed pages the worker already holds")
-            self._new_block_ids.extend(table[len(old):])
-            tr.tables[gid] = list(table)
+        self._extend_pages(tr, alloc)
         if not self.mamba_ids:
             return
         rid = tr.request.request_id
