@@ -26,10 +26,10 @@ Choosing victims and allocating under pressure is :mod:`hybridcache.eviction`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from hybridcache.arena import Arena
-from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
+from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent, EventLog
 from hybridcache.eviction import Evictor
 from hybridcache.policies import PolicySettings, build_policy
 from hybridcache.policy import EvictionQueue
@@ -124,7 +124,6 @@ class PrefixIndex:
         flops_per_byte_scale: float,
         marconi_alpha: float = 1.0,
         marconi_window: int = 64,
-        on_evict: Callable[[str, UnitHandle, int], None] | None = None,
     ) -> None:
         self.arena = arena
         #: The first unit of every run -> the run. A walk enters every run at its first
@@ -151,10 +150,9 @@ class PrefixIndex:
         self._registered = [0] * arena.layout.num_blocks
         self._held_runs: set[Run] = set()
         self._ppb = max(arena.layout.pages_per_block, 1)
-        self.on_evict = on_evict
-        #: Events appended while calls run, taken out by the engine (hybridcache.events);
-        #: ``None``: not recorded.
-        self.events: list[CacheEvent] | None = None
+        #: Where events are appended while calls run (hybridcache.events: taken out by
+        #: engines, or seen by observers passed to a port); ``None``: not recorded.
+        self.events: EventLog | None = None
         lay = arena.layout
         self._kv_groups = tuple(lay.page_payload)
         self.kv_groups = len(self._kv_groups)  # pages per KV unit
@@ -510,12 +508,11 @@ class PrefixIndex:
         return slot if keep_slot else -1
 
     def _account(self, kind: str, node: UnitHandle, nbytes: int) -> None:
-        """Count an eviction and call ``on_evict(kind, node, nbytes)``.
+        """Count an eviction and append its ``removed`` event.
 
-        The hook runs after the arena freed the entry and before the index forgets it:
-        ``node.pages`` / ``node.snap`` still name the freed pages / slot, whose bytes stay
-        intact until the hook returns (an offload tier copies them out here). The hook must
-        not call back into the index.
+        The event is appended after the arena freed the entry and before the index forgets
+        it: its locations still name the freed pages / slot, whose bytes stay intact until
+        the engine next writes the arena (an offload tier's observer copies them out here).
         """
         self.evictions[kind] += 1
         self.evicted_bytes[kind] += nbytes
@@ -530,8 +527,6 @@ class PrefixIndex:
                 (node.pages,) if kv else (node.snap,),
                 node.kv_flops if kv else node.snap_flops, node.kv_hits if kv else node.snap_hits,
             ))
-        if self.on_evict is not None:
-            self.on_evict(kind, node, nbytes)
 
     # ------------------------------------------------------------------ walks
     def kv_path(self, digests: list[Digest], max_units: int, start: int = 0) -> tuple[int, list[Hold]]:

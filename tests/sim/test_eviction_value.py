@@ -4,6 +4,7 @@ the KV pages it needs: the two properties hybridcache's default policy relies on
 from __future__ import annotations
 
 from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.port import EnginePort
 from hybridcache.sim.policies import stateless
 from tests.sim.conftest import toks
 
@@ -76,12 +77,13 @@ def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
         stranded.update(digests[(1000 - 1) // 16 : 1200 // 16])  # after the snapshot at 992
         mgr.free(rid)
     assert len(stranded) == 26
-    order: list[bool] = []
-    mgr.index.on_evict = lambda kind, node, nbytes: order.append(node.digest in stranded) if kind == "kv" else None
+    port = EnginePort(mgr)  # evictions in order, from the event stream
     free_pages = 2 * ppb - 150  # the rest of a's and b's slab, and the free block
     c = toks((free_pages + 40) * 16, 13)
     m = mgr.add_request("c", c)
     mgr.allocate("c", len(c) - m.hit_tokens)
+    order = [ev.digests[0] in stranded for ev in port.take_events()
+             if ev.action == "removed" and ev.kind == "kv"]
     assert order.count(True) == 26 and False in order
     first_usable = order.index(False)
     assert all(order[:first_usable]) and first_usable == 26, order
