@@ -128,7 +128,7 @@ class HybridCacheManager(SavePointControl):
                 instead of tokens), salted with tenant and LoRA as token hashes are; then
                 ``token_ids`` is only used for its length (or is the token count).
         """
-        validation.check_new_request(request_id, tenant, lora)
+        validation.check_request_id(request_id)  # tenant and LoRA: checked by the hasher
         if request_id in self.requests:
             raise InvalidRequestError(f"request {request_id!r} already exists")
         cfg = self.config
@@ -239,15 +239,11 @@ class HybridCacheManager(SavePointControl):
                 f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
             )
         # Count, then take: a refused step changes nothing (hybridcache.room).
-        page_units = -(-end // self.unit) - (hit[1] if hit is not None else req.units_allocated)
+        held = hit[1] if hit is not None else req.units_allocated
+        page_units = max(-(-end // self.unit) - held, 0)
         slots = (first + num_draft) if self.has_state else 0
-        if page_units < 0:
-            page_units = 0
-        if hit is None:
-            room = self._fits(page_units, slots)
-        else:
-            room = self._fits(page_units, slots, hit[2], hit[3])
-        if not room:
+        if not (self._fits(page_units, slots, hit[2], hit[3]) if hit is not None
+                else self._fits(page_units, slots)):
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
                 "slots do not fit, even after evicting every cached entry no request holds"

@@ -31,7 +31,6 @@ __all__ = [
     "check_digests",
     "check_key",
     "check_manager_args",
-    "check_new_request",
     "check_request_id",
     "check_text",
 ]
@@ -120,13 +119,6 @@ def check_digests(digests: object, token_ids: object, request_id: object) -> int
     if n < 0:
         raise InvalidRequestError(f"request {request_id!r}: negative token count {n}")
     return n
-
-
-def check_new_request(request_id: object, tenant: object, lora: object) -> None:
-    """The keys ``add_request`` checks first (token ids, items and digests are checked
-    as they are read, still before the request is inserted)."""
-    check_request_id(request_id)
-    check_key(tenant, lora)
 
 
 # ---------------------------------------------------------------------- settings
