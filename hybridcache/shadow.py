@@ -77,10 +77,9 @@ class ShadowCache:
             self._count(0, prompt_len, decay)
             return
         if total > prompt_len:
-            # The output's units, as append_tokens would have hashed them.
-            h = mgr.requests[rid].hasher
-            h.digests = list(digests[: total // unit])
-            h.num_tokens = total
+            # The output's units, as append_tokens would have hashed them: salted by the
+            # hasher's root like the prompt's (add_request(digests=) salts them).
+            mgr.requests[rid].hasher.adopt(digests[: total // unit], total)
             mgr.requests[rid].num_tokens = total
         mgr.commit(rid, total)
         mgr.free(rid)

@@ -67,32 +67,42 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: or not at all (a lead must hold 6 evaluations) and stays below it over the second half:
 #: chat 1 GiB 0.008, docs 2 GiB 0.012; slow cases: agent 0.036, mixed 0.012, agentic 0.041,
 #: chat 4 GiB 0.010; see docs/adaptive.md.
-#: Kept as expected failures (not strict) so that the gap stays visible and a fix shows.
-GAP = pytest.mark.xfail(reason="adaptive lags the best fixed candidate (docs/adaptive.md)", strict=False)
+#: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
+#: itself an expected failure while the issue's target (within 0.005) is missed; a case
+#: that meets the target passes, so a fix shows.
+def _check_gap(rate: float, best: float, measured: float, switches: object) -> None:
+    assert rate >= best - measured - 0.005, (rate, best, switches)
+    if rate < best - 0.005:
+        pytest.xfail(f"adaptive {rate:.3f} lags the best fixed candidate {best:.3f} "
+                     f"(measured gap {measured}; docs/adaptive.md)")
 
 
-@pytest.mark.parametrize(("kind", "n", "gib"), [pytest.param("chat", 300, 1, marks=GAP),
-                                                pytest.param("docs", 200, 2, marks=[GAP, pytest.mark.slow])])
-def test_converges_to_best_fixed_candidate(kimi, kind, n, gib):
+@pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
+    ("chat", 300, 1, 0.008), pytest.param("docs", 200, 2, 0.012, marks=pytest.mark.slow)])
+def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
     rate, run = adaptive_rate(trace, kimi, gib << 30)
-    assert rate >= best - 0.005, (rate, run.mgr.switches)
+    _check_gap(rate, best, gap, run.mgr.switches)
 
 
 @pytest.mark.slow
-@GAP
-@pytest.mark.parametrize(("kind", "n", "gib"), [("agent", 300, 2), ("mixed", 300, 2), ("agentic", 300, 2),
-                                                ("chat", 400, 4)])
-def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib):
+@pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
+    ("agent", 300, 2, 0.036), ("mixed", 300, 2, 0.012), ("agentic", 300, 2, 0.041), ("chat", 400, 4, 0.010)])
+def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
     rate, run = adaptive_rate(trace, kimi, gib << 30)
-    assert rate >= best - 0.005, (rate, run.mgr.switches)
+    _check_gap(rate, best, gap, run.mgr.switches)
+
+
+#: Deterministic (seeded traces, accounting-only managers): strict, so a fix must flip it.
+GAP_SWITCH = pytest.mark.xfail(reason="adaptive does not follow the change in time (docs/adaptive.md)",
+                               strict=True)
 
 
 @pytest.mark.slow
-@GAP
+@GAP_SWITCH
 def test_follows_a_workload_that_changes_kind(kimi):
     """Agentic sessions, then chat: the candidate in force after the change is one that
     did best on the second half, and the adaptive manager switched after the change."""
@@ -130,3 +140,22 @@ def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):
     m.commit("b", 3000)
     m.free("b")
     assert m.sampled == 1 and all(s.prompt_tokens == 3000 for s in m.shadows)
+
+
+def test_a_shadow_hits_the_output_of_a_request_it_replayed(kimi):
+    """A shadow replays a request's prompt and output units; the next turn (the whole
+    history plus a new message) must hit past the first prompt, into its output. Fails
+    when the output's digests are registered unsalted while lookups are salted (the
+    shadows then never hit and the adaptive manager never switches)."""
+    from hybridcache.hashing import TokenHasher
+    from hybridcache.shadow import ShadowCache
+
+    cfg = CacheConfig(admission="last-token+turn-end")
+    shadow = ShadowCache("x", kimi, 4 << 30, cfg)
+    h = TokenHasher(cfg.hash_unit)
+    h.extend(list(range(1, 3201)))  # a 3,000-token prompt and 200 output tokens
+    shadow.feed(h.digests, 3000, 3200, "t", 1.0)
+    assert shadow.hit_tokens == 0
+    h.extend(list(range(5000, 5300)))  # the next turn's new message
+    shadow.feed(h.digests, 3500, 3500, "t", 1.0)
+    assert shadow.hit_tokens == 3200, shadow.hit_tokens
