@@ -1,13 +1,16 @@
 """Named model specs used by the simulator, the benchmarks and the docs.
 
 A preset is a zero-argument factory registered under a name. The two core presets are built
-by hand from public numbers (see ``shared/DESIGN.md``); :mod:`hybridcache.adapters.hf`
-registers more, derived from Hugging Face configs, through :func:`register_preset`.
+by hand from public numbers (see ``shared/DESIGN.md``); packages register more through the
+``hybridcache.presets`` entry-point group (the HF adapter's config-derived presets come that
+way), or directly with :func:`register_preset`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from importlib.metadata import entry_points
 
 from hybridcache.errors import UnknownNameError
 from hybridcache.spec import (
@@ -20,6 +23,7 @@ from hybridcache.spec import (
     StateTensorSpec,
 )
 
+_log = logging.getLogger("hybridcache.presets")
 _PRESETS: dict[str, Callable[[], ModelSpec]] = {}
 
 
@@ -48,12 +52,29 @@ def get_preset(name: str) -> ModelSpec:
     return factory()
 
 
+#: The entry-point group through which packages register presets. The core names no adapter:
+#: ``hybridcache.adapters.hf`` registers its config-derived presets here (see pyproject), and
+#: so can any other package, without the core importing it by name.
+PRESET_ENTRY_POINTS = "hybridcache.presets"
+_plugins_loaded = False
+
+
 def _load_adapter_presets() -> None:
-    """Import the HF adapter once so that its presets are registered, if it is present."""
-    try:
-        import hybridcache.adapters.hf  # noqa: F401
-    except ImportError:
-        pass
+    """Call every ``hybridcache.presets`` entry point once, so that their presets exist.
+
+    A plug-in that fails to load is logged and skipped: one broken third-party package must
+    not make the built-in presets unreachable. Loaded lazily (first lookup), because reading
+    entry-point metadata costs milliseconds that ``import hybridcache`` should not pay.
+    """
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for ep in entry_points(group=PRESET_ENTRY_POINTS):
+        try:
+            ep.load()()
+        except Exception:  # noqa: BLE001 - a plug-in's failure is reported, not raised
+            _log.warning("preset plug-in %r (%s) failed to load", ep.name, ep.value, exc_info=True)
 
 
 def kda_state_tensors(

@@ -23,8 +23,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import CacheConfig, HybridCacheManager
-from hybridcache.storage import ArenaStorage
 
 from .config import ReferenceConfig, model_spec
 from .model import ReferenceModel

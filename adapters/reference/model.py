@@ -18,7 +18,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from hybridcache.storage import ArenaStorage
+from hybridcache.kernels.storage import ArenaStorage
 
 from .config import ATTENTION, ATTN_GROUP, KDA_GROUP, ReferenceConfig
 from .kda import conv_state_at, kda_chunked, kda_recurrent, short_conv

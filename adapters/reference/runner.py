@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hybridcache.errors import CapacityError, OutOfSpaceError
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import Allocation, HybridCacheManager
-from hybridcache.storage import ArenaStorage
 
 from .config import ATTN_GROUP
 from .model import PagedContext, ReferenceModel

@@ -42,11 +42,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from hybridcache.events import REMOVED, CacheEvent
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import greedy_dual_priority
 from hybridcache.port import EnginePort, RequestView
 from hybridcache.port_import import PrefixImport
-from hybridcache.storage import ArenaStorage
 from hybridcache.tiers.base import Tier
 from hybridcache.tiers.errors import TierConfigError
 from hybridcache.tiers.format import Entry

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.spec import ModelSpec
-from hybridcache.storage import ArenaStorage
 from hybridcache.tiers.format import Entry
 from hybridcache.tiers.keys import _NAME_RE, EntryKey
 

@@ -13,8 +13,8 @@ from hybridcache.adapters.reference import (
     model_spec,
     ngram_draft,
 )
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import CacheConfig, HybridCacheManager
-from hybridcache.storage import ArenaStorage
 
 from .conftest import TINY
 

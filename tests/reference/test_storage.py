@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hybridcache.arena import plan_layout
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import CopyPlan
 from hybridcache.spec import (
     AttentionGroupSpec,
@@ -14,7 +15,6 @@ from hybridcache.spec import (
     StateGroupSpec,
     StateTensorSpec,
 )
-from hybridcache.storage import ArenaStorage
 
 
 def _spec(state_shape=(2, 8, 8), attn_layers=2, kv_heads=2, head_dim=8, mla=False) -> ModelSpec:

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 import xxhash
 
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.spec import (
     AttentionGroupSpec,
@@ -16,7 +17,6 @@ from hybridcache.spec import (
     StateGroupSpec,
     StateTensorSpec,
 )
-from hybridcache.storage import ArenaStorage
 from hybridcache.tiers.offload import OffloadCoordinator
 
 U = 4  # tokens per hash unit

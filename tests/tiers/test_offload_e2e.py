@@ -13,8 +13,8 @@ from hybridcache.adapters.reference.check import TOLERANCE, compare
 from hybridcache.adapters.reference.config import ReferenceConfig, model_spec
 from hybridcache.adapters.reference.model import ReferenceModel
 from hybridcache.adapters.reference.runner import RequestResult, Runner, RunnerConfig
+from hybridcache.kernels.storage import ArenaStorage
 from hybridcache.manager import CacheConfig, HybridCacheManager
-from hybridcache.storage import ArenaStorage
 from hybridcache.tiers import HostTier, RedisTier
 from hybridcache.tiers.offload import LoadPlan, OffloadCoordinator
 
