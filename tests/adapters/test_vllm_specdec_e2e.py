@@ -7,11 +7,13 @@ decoding (sub-block tails on in both, the default 16-token unit). vLLM's CPU bui
 the plug-in's overrides of the fused Mamba copy kernels for the last one
 (``adapters/vllm/cpu_kernels.py``). Checks: outputs with speculative decoding and caching
 equal caching off without it; drafts were both accepted and rejected; tails were hit with
-drafts; cached tokens with speculative decoding >= 0.95x the same run without.
+drafts; cached tokens with speculative decoding >= 0.95x the same run without. The same
+holds for the scheduler in its GPU mode (``vllm_specdec_schedulers.CurrentColumnOnly``:
+after a step with drafts, tails only at the step's first state), run here on CPU.
 
 Mutation (Qwen3-Next, where the workload hits a tail made inside a step with drafts): the
 worker's forwards stop writing every state column's conv window
-(``vllm_fine_mutant.ConvWindowsNotSpread``) while the scheduler still makes tails at any
+(``vllm_specdec_schedulers.ConvWindowsNotSpread``) while the scheduler still makes tails at any
 accepted boundary; an output must then differ from caching off (the bug this fixes:
 sessionA-turn2, a tail hit at 752, moved at its second output token).
 """
@@ -60,6 +62,12 @@ def _check(model, d, label: str) -> tuple[dict, dict]:
     assert st["saves_dropped"] == 0 and st["column_slots"] == 0
     assert st["tail_hits"] > 0 and _mid_block_hits(spec) > 0  # tails on with drafts
     assert _total(spec) >= 0.95 * _total(plain) > 0
+    gpu_mode = kimi.serve(model, d / "cur.json", "ours", spec_tokens=3, repeat=True,
+                          scheduler_cls="vllm_specdec_schedulers.CurrentColumnOnly")
+    print(f"{label}: cached tokens in the GPU mode {_total(gpu_mode)} "
+          f"({_total(gpu_mode) / max(_total(plain), 1):.3f}x)")
+    assert _same(off, gpu_mode) == [], label
+    assert _total(gpu_mode) >= 0.95 * _total(plain)
     return off, spec
 
 
@@ -70,6 +78,6 @@ def test_specdec_kda_matches_caching_off(tmp_path):
 def test_specdec_qwen3_next_matches_caching_off(tiny_qwen3_next, tmp_path):
     off, spec = _check(tiny_qwen3_next, tmp_path, "Qwen3-Next")
     mutant = kimi.serve(tiny_qwen3_next, tmp_path / "mutant.json", "ours", spec_tokens=3,
-                        repeat=True, scheduler_cls="vllm_fine_mutant.ConvWindowsNotSpread")
+                        repeat=True, scheduler_cls="vllm_specdec_schedulers.ConvWindowsNotSpread")
     assert _total(mutant) == _total(spec)  # the same hits ...
     assert _same(off, mutant) != []  # ... from tails with stale conv windows
