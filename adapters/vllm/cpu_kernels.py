@@ -27,7 +27,9 @@ unreadable values skipped.
 
 :func:`install` wraps ``CpuPlatform.register_triton_kernel_overrides`` (called at worker
 start) so that both apply there, together with :func:`patch_gdn_spec_conv` (the CPU GDN
-speculative step's conv roll); only for the vLLM releases the adapter supports.
+speculative step's conv roll, and every state column's own conv window,
+:func:`spread_conv_windows`, which sub-block tails after a step with drafts rely on); only
+for the vLLM releases the adapter supports.
 """
 
 from __future__ import annotations
@@ -220,7 +222,9 @@ def gdn_spec_forward(layer, md, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_st
     drafter the count varies, and the slice comes up short (the engine dies) or the next
     step reads the wrong history. Here, as in the kernel: the history read is columns
     ``[a - 1, a - 1 + W - 1)``; the buffer becomes that history minus its oldest column,
-    then the step's inputs, from column 0. The recurrent part is vLLM's own op, unchanged.
+    then the step's inputs, from column 0; then every later column of the step gets its
+    own window (:func:`spread_conv_windows`). The recurrent part is vLLM's own op,
+    unchanged.
     """
     import torch.nn.functional as F
     from vllm import _custom_ops as ops
