@@ -27,7 +27,9 @@ unreadable values skipped.
 
 :func:`install` wraps ``CpuPlatform.register_triton_kernel_overrides`` (called at worker
 start) so that both apply there, together with :func:`patch_gdn_spec_conv` (the CPU GDN
-speculative step's conv roll); only for the vLLM releases the adapter supports.
+speculative step's conv roll, and every state column's own conv window,
+:func:`spread_conv_windows`, which sub-block tails after a step with drafts rely on); only
+for the vLLM releases the adapter supports.
 """
 
 from __future__ import annotations
@@ -220,7 +222,9 @@ def gdn_spec_forward(layer, md, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_st
     drafter the count varies, and the slice comes up short (the engine dies) or the next
     step reads the wrong history. Here, as in the kernel: the history read is columns
     ``[a - 1, a - 1 + W - 1)``; the buffer becomes that history minus its oldest column,
-    then the step's inputs, from column 0. The recurrent part is vLLM's own op, unchanged.
+    then the step's inputs, from column 0; then every later column of the step gets its
+    own window (:func:`spread_conv_windows`). The recurrent part is vLLM's own op,
+    unchanged.
     """
     import torch.nn.functional as F
     from vllm import _custom_ops as ops
@@ -247,6 +251,7 @@ def gdn_spec_forward(layer, md, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_st
         conv_out[start:end] = out.transpose(0, 1).to(conv_out.dtype)
         rolled = torch.cat([hist[:, 1:], x], dim=-1)
         buf[:, : rolled.shape[1]] = rolled
+        spread_conv_windows(conv_buf, [int(c) for c in indices[i, : end - start]], width)
     query, key, value = (t.squeeze(0) for t in layer.rearrange_mixed_qkv(conv_out))
     return ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(
         A_log=layer.A_log, dt_bias=layer.dt_bias, q=query, k=key, v=value, a=a_spec, b=b_spec,
@@ -256,6 +261,55 @@ def gdn_spec_forward(layer, md, mixed_qkv_spec, b_spec, a_spec, conv_buf, ssm_st
         cu_seqlens=md.spec_query_start_loc[: n + 1].to(torch.int32).contiguous(),
         use_qk_l2norm_in_kernel=True,
     )
+
+
+def spread_conv_windows(conv_buf: torch.Tensor, cols: list[int], width: int) -> None:
+    """Give every state column of a speculative step its own conv state.
+
+    After a speculative step the conv history sits in column ``cols[0]`` only: the window
+    after the step's ``t + 1``-th input is its columns ``[t, t + W - 1)``, read at the
+    accepted-count offset by the next step, while the recurrent state after that input is
+    in block ``cols[t]``. A block of column ``cols[t]`` is therefore not a state of its
+    own: copying it whole (a sub-block tail through ``kv_cache_block_copies``) pairs the
+    right recurrent state with a stale conv window. Here the window after input ``t + 1``
+    is also written into ``[0, W - 1)`` of block ``cols[t]``, where a prefill or a
+    zero-offset read takes it; vLLM never reads the conv part of those blocks (the next
+    step reads column ``cur``'s, and a request entering a later column gets column
+    ``cur``'s shifted by ``precopy``), so its own computation is unchanged.
+
+    ``conv_buf``: ``[blocks, dim, state_len]`` (dim first); ``cols``: the step's column
+    blocks, one per scheduled input; block 0 (the null block) is never written.
+    """
+    src = conv_buf[cols[0]]
+    for t in range(1, len(cols)):
+        if cols[t] > 0 and cols[t] != cols[0]:
+            conv_buf[cols[t], :, : width - 1] = src[:, t : t + width - 1]
+
+
+def torch_gdn_spec_path() -> bool:
+    """Whether vLLM's CPU GDN speculative step takes its torch path here (no AMX, no Arm
+    bf16), which :func:`patch_gdn_spec_conv` routes to :func:`gdn_spec_forward`."""
+    import importlib
+
+    gdn = importlib.import_module(GDN_CPU)
+    return not (torch.cpu._is_amx_tile_supported() or gdn.is_arm_bf16())
+
+
+def speculative_columns_whole() -> bool:
+    """Whether every state column of a speculative step holds a whole state (conv window
+    included) in this engine: the step runs this plug-in's forwards (vLLM's CPU build
+    without Triton, the torch GDN path; the KDA forward of :mod:`.kda_layer` does the same
+    on every CPU), which call :func:`spread_conv_windows`. The scheduler asks it to decide
+    where sub-block tails may be made after a step with drafts
+    (:meth:`.spec_decode.SpecDecodeKVCacheManager._tell_tails`); it is ``False`` on GPUs,
+    where vLLM's kernels keep the conv history in column ``cur`` only."""
+    try:
+        from vllm.platforms import current_platform
+        from vllm.triton_utils import HAS_TRITON
+
+        return bool(current_platform.is_cpu()) and not HAS_TRITON and torch_gdn_spec_path()
+    except Exception:  # noqa: BLE001 - unknown platform: the safe answer
+        return False
 
 
 def patch_gdn_spec_conv() -> None:
@@ -269,7 +323,7 @@ def patch_gdn_spec_conv() -> None:
     original = gdn._spec_forward
 
     def spec_forward(layer, md, *args):
-        if torch.cpu._is_amx_tile_supported() or gdn.is_arm_bf16():
+        if not torch_gdn_spec_path():
             return original(layer, md, *args)
         return gdn_spec_forward(layer, md, *args)
 

@@ -192,14 +192,16 @@ class TailCache:
         return min(inside) if inside else None
 
     def computed(self, rid: str, n: int, prompt_len: int, kv_blocks: Sequence[int],
-                 state_blocks: Sequence[int]) -> None:
+                 state_blocks: Sequence[int], *, make_tail: bool = True) -> None:
         """The worker has computed ``n`` tokens of ``rid``; make a tail at ``n`` if wanted.
 
-        ``kv_blocks`` / ``state_blocks``: the request's blocks of the column holding ``n``.
+        ``kv_blocks`` / ``state_blocks``: the request's blocks of the column holding ``n``;
+        ``make_tail=False``: no block holds the whole state at ``n`` (a speculative step's,
+        see :meth:`.spec_decode.SpecDecodeKVCacheManager._tell_tails`), only pass saves.
         In decode every unit boundary inside a block is taken, replacing the request's
         previous decode tail (the newest is the turn end the next turn resumes from).
         """
-        if n % self.unit == 0 and n % self.block:
+        if make_tail and n % self.unit == 0 and n % self.block:
             wanted = n in self.saves.get(rid, ()) or n > prompt_len
             if wanted and self.by_key.get(self.hashers[rid].digests[n // self.unit - 1]) is None:
                 tail = self._make(rid, n, kv_blocks, state_blocks)

@@ -15,7 +15,10 @@ What the kernels compute, and so what this forward computes (per request, fp32):
   prefill (``causal_conv1d_fn``) reads and writes columns ``[0, W-1)``; a plain decode
   (``causal_conv1d_update``) reads ``[0, W-1)`` and shifts all columns by one; a
   speculative step reads ``[a-1, a-1+W-1)`` (``a`` = accepted tokens of the last step)
-  and writes the shifted history followed by the step's inputs from column 0.
+  and writes the shifted history followed by the step's inputs from column 0; the window
+  after its ``t + 1``-th input is also written into ``[0, W-1)`` of the step's column
+  ``t`` (:func:`.cpu_kernels.spread_conv_windows`), so that every column's block is a
+  whole state a sub-block tail can copy (vLLM itself never reads those columns' conv).
 * **KDA recurrence** (:func:`hybridcache.adapters.reference.kda.kda_recurrent_kernel_form`,
   the math shared with the reference model): gate from ``A_log``, ``dt_bias`` and the
   lower bound, sigmoid beta, in-kernel l2 norm, scale ``K ** -0.5``. The recurrent state
@@ -39,6 +42,8 @@ import torch
 import torch.nn.functional as F
 
 from hybridcache.adapters.reference.kda import kda_gate, kda_recurrent_kernel_form
+
+from .cpu_kernels import spread_conv_windows
 
 NULL_BLOCK = 0
 
@@ -173,6 +178,7 @@ class KdaCpuForward:
                 y = _conv(x, hist, weight).to(x.dtype)
                 stored = torch.cat([hist[:, 1:], x.transpose(0, 1).to(cs.dtype)], dim=1)
                 cs[:, : stored.shape[1]] = stored
+                spread_conv_windows(conv_state, cols[: len(r)], W)
             src = cols[off]
             if src <= NULL_BLOCK or cols[0] <= NULL_BLOCK:
                 out[r] = 0

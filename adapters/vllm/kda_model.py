@@ -70,25 +70,21 @@ def checkpoint_shapes(config: Any) -> dict[str, tuple[int, ...]]:
 
 
 def build_model_class() -> type[nn.Module]:
-    """The model class (built on first use: it imports vLLM's model modules)."""
-    from vllm.config import VllmConfig
-    from vllm.model_executor.layers.attention import Attention
-    from vllm.model_executor.layers.layernorm import RMSNorm
-    from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
-    from vllm.model_executor.layers.logits_processor import LogitsProcessor
-    from vllm.model_executor.layers.rotary_embedding import get_rope
-    from vllm.model_executor.layers.vocab_parallel_embedding import (
-        ParallelLMHead,
-        VocabParallelEmbedding,
-    )
-    from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
-    from vllm.model_executor.models.llama import LlamaMLP
-    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
-    from vllm.models.kimi_k3.nvidia.model import KimiLinearForCausalLM
-
+    """The model class (built on first use: it imports vLLM's model modules, and installs
+    the CPU KDA layer before vLLM instantiates one)."""
     from .kda_cpu import install_cpu_kda
 
+    cls = _causal_lm_class(_model_class(_gqa_attention_class()))  # imports vLLM's modules
     install_cpu_kda()
+    return cls
+
+
+def _gqa_attention_class() -> type[nn.Module]:
+    """Standard GQA full attention (vLLM ``Attention`` with RoPE), the non-KDA layers."""
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.rotary_embedding import get_rope
 
     class GQAAttention(nn.Module):
         def __init__(self, config: Any, vllm_config: VllmConfig, prefix: str) -> None:
@@ -120,6 +116,18 @@ def build_model_class() -> type[nn.Module]:
             out, _ = self.o_proj(self.attn(q, k, v))
             return out
 
+    return GQAAttention
+
+
+def _model_class(attention_cls: type[nn.Module]) -> type[nn.Module]:
+    """The decoder stack: vLLM's ``KimiK3DeltaAttention`` on the KDA layers,
+    ``attention_cls`` on the others, dense SiLU MLPs, RMS norms."""
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.layernorm import RMSNorm
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+    from vllm.model_executor.models.llama import LlamaMLP
+    from vllm.models.kimi_k3.nvidia.kda import KimiK3DeltaAttention
+
     class DecoderLayer(nn.Module):
         def __init__(self, config: Any, vllm_config: VllmConfig, index: int, prefix: str) -> None:
             super().__init__()
@@ -128,7 +136,7 @@ def build_model_class() -> type[nn.Module]:
                     config, vllm_config, prefix=f"{prefix}.self_attn"
                 )
             else:
-                self.self_attn = GQAAttention(config, vllm_config, f"{prefix}.self_attn")
+                self.self_attn = attention_cls(config, vllm_config, f"{prefix}.self_attn")
             self.mlp = LlamaMLP(
                 config.hidden_size, config.intermediate_size, "silu", prefix=f"{prefix}.mlp"
             )
@@ -152,13 +160,25 @@ def build_model_class() -> type[nn.Module]:
             )
             self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    return Model
+
+
+def _causal_lm_class(model_cls: type[nn.Module]) -> type[nn.Module]:
+    """The causal LM vLLM loads: ``model_cls`` + LM head, with ``KimiLinearForCausalLM``'s
+    mamba state shape, dtype and copy functions (so the cache sees exactly vLLM's KDA)."""
+    from vllm.config import VllmConfig
+    from vllm.model_executor.layers.logits_processor import LogitsProcessor
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+    from vllm.models.kimi_k3.nvidia.model import KimiLinearForCausalLM
+
     class HybridcacheKimiGQAForCausalLM(nn.Module, HasInnerState, IsHybrid):
         """KDA (vLLM's ``KimiK3DeltaAttention``) + GQA attention; see module docstring."""
 
         def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
             super().__init__()
             self.config = vllm_config.model_config.hf_config
-            self.model = Model(vllm_config, "model")
+            self.model = model_cls(vllm_config, "model")
             self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size)
             self.logits_processor = LogitsProcessor(self.config.vocab_size)
 
@@ -183,20 +203,26 @@ def build_model_class() -> type[nn.Module]:
         get_mamba_state_copy_func = KimiLinearForCausalLM.get_mamba_state_copy_func
 
         def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-            params = dict(self.named_parameters())
-            expected = checkpoint_shapes(self.config)
-            loaded: set[str] = set()
-            for name, w in weights:
-                if name not in params or tuple(w.shape) != expected.get(name):
-                    raise ValueError(f"unexpected checkpoint tensor {name} {tuple(w.shape)}")
-                params[name].data.copy_(w.to(params[name].dtype))
-                loaded.add(name)
-            missing = sorted(set(params) - loaded)
-            if missing:
-                raise ValueError(f"checkpoint misses {missing[:5]}")
-            return loaded
+            return load_checked_weights(self, weights)
 
     return HybridcacheKimiGQAForCausalLM
+
+
+def load_checked_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+    """Copy ``weights`` into ``model``, refusing (``ValueError``) a tensor that is not in
+    :func:`checkpoint_shapes` with its shape, and a checkpoint that misses one."""
+    params = dict(model.named_parameters())
+    expected = checkpoint_shapes(model.config)
+    loaded: set[str] = set()
+    for name, w in weights:
+        if name not in params or tuple(w.shape) != expected.get(name):
+            raise ValueError(f"unexpected checkpoint tensor {name} {tuple(w.shape)}")
+        params[name].data.copy_(w.to(params[name].dtype))
+        loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise ValueError(f"checkpoint misses {missing[:5]}")
+    return loaded
 
 
 def __getattr__(name: str) -> Any:

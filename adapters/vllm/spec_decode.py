@@ -31,6 +31,19 @@ only ever lands in a column past the accepted tokens.
   slot of column ``b // B - 1``, which the worker has just filled with the state at
   ``b``, becomes the snapshot's slot (or the rolling turn-end slot), and the save
   point's fresh slot is freed. No copy is issued.
+* sub-block tails (:mod:`.fine`) after a step with drafts copy the column holding the
+  state at their boundary. The recurrent state after the step's ``t + 1``-th input is in
+  column ``cur + t``, but vLLM keeps the step's conv history in column ``cur`` only (the
+  window after input ``t + 1`` at offset ``t``), so a whole-block copy of column
+  ``cur + t`` paired the right recurrent state with a stale conv window: the root cause
+  of the one mismatch measured with tails and drafts (tiny Qwen3-Next, a tail hit at 752
+  moved the second output token). The plug-in's CPU forwards write every column's own
+  window (:func:`.cpu_kernels.spread_conv_windows`) and any accepted boundary is a tail
+  there (``columns_whole``); elsewhere only the state after a step's first input
+  (column ``cur``, offset 0) is;
+* a step's new state columns are counted and taken together with its allocation: when no
+  slot is left, ``allocate_slots`` returns ``None`` with nothing changed and vLLM
+  preempts.
 
 Written for every drafter vLLM 0.32 runs with Mamba-style layers in ``align`` mode:
 n-gram (run on CPU here), EAGLE / MTP / DSpark-style draft models on GPU (their
@@ -69,12 +82,20 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
     Args:
         num_speculative_tokens: vLLM's ``num_speculative_tokens`` (state columns past the
             current one that the worker writes draft states into).
+        columns_whole: whether the worker leaves a whole state (conv window included) in
+            every column of a step with drafts (:func:`.cpu_kernels.speculative_columns_whole`);
+            it decides where sub-block tails are made after such a step (:meth:`_tell_tails`).
         Other arguments: :class:`~.manager.HybridKVCacheManager`'s.
     """
 
-    def __init__(self, *args: Any, num_speculative_tokens: int, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, num_speculative_tokens: int, columns_whole: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.num_spec = num_speculative_tokens
+        self.columns_whole = columns_whole
+        self._reserved: list[int] = []  # column slots taken for the allocation being made
+        self._need = 0  # column slots that allocation adds
+        self._spec_request: Request | None = None  # the request of that allocation
         self._spec: dict[str, _SpecState] = {}
         self._draft = 0  # num_draft of the allocation being made (drafts + lookahead)
         self._lookahead = 0  # lookahead positions of that allocation
@@ -86,13 +107,22 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
     def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                        new_computed_blocks: KVCacheBlocks | None = None,
                        num_lookahead_tokens: int = 0, **kwargs: Any) -> KVCacheBlocks | None:
-        """As the base class; drafts and lookahead positions are core draft tokens."""
+        """As the base class; drafts and lookahead positions are core draft tokens.
+
+        The state columns the step needs are counted first and taken with the allocation
+        (:meth:`_allocate`): when the index has no slot left for them (even after
+        evicting), nothing is allocated, the slots taken are given back and ``None`` is
+        returned, so vLLM preempts a request (as with its own manager) instead of the
+        engine dying halfway through an allocation.
+        """
         rid = request.request_id
         st = self._spec.setdefault(rid, _SpecState())
         if st.step is not None:
             raise RuntimeError(f"request {rid}: allocated twice in one step")
         c = request.num_computed_tokens + num_new_computed_tokens
         d = max(0, c + num_new_tokens - request.num_tokens) if num_new_tokens else 0
+        self._need = self._columns_needed(rid, num_new_computed_tokens, c + num_new_tokens)
+        self._spec_request = request
         self._lookahead = num_lookahead_tokens if num_new_tokens else 0
         self._draft = d + self._lookahead if num_new_tokens else 0
         try:
@@ -101,14 +131,70 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
                 num_new_computed_tokens, new_computed_blocks, **kwargs,
             )
         finally:
-            self._draft = self._lookahead = 0
+            self._draft = self._lookahead = self._need = 0
+            self._spec_request = None
+            while self._reserved:  # a refused allocation (or none needed after all)
+                self._give_back_slot(self._reserved.pop())
         if out is not None and num_new_tokens:
             st.step = (c, num_new_tokens, d)
+        elif out is None and rid not in self._tracked:
+            del self._spec[rid]  # refused before the request held anything
         return out
 
+    def _columns_needed(self, rid: str, num_new_computed: int, end: int) -> int:
+        """State columns an allocation up to ``end`` main-model tokens adds (as
+        :meth:`_extend_tables` will add them): up to column ``(end - 1) // B + num_spec``."""
+        if not self.mamba_ids:
+            return 0
+        tr = self._tracked.get(rid)
+        if tr is not None:
+            have = len(tr.cols)
+        else:  # the first allocation: the hit's columns (a sub-block tail extends the last)
+            have = (num_new_computed - self._sub_block_part(rid, num_new_computed)) // self.block_size
+        return max(0, (end - 1) // self.block_size + self.num_spec + 1 - have)
+
+    def _sub_block_part(self, rid: str, num_new_computed: int) -> int:
+        """Tokens of a first allocation's hit that a sub-block tail serves (as the base
+        class's ``allocate_slots`` splits it)."""
+        fine = self._fine.get(rid)
+        if fine is not None and fine.tail is not None and fine.hit_tokens == num_new_computed:
+            return fine.hit_tokens % self.block_size
+        return 0
+
+    def _reserve_columns(self, n: int) -> bool:
+        """Take ``n`` column slots into :attr:`_reserved`, or none at all (``False``)."""
+        while len(self._reserved) < n:
+            slot = self._column_slot()
+            if slot is None:
+                while self._reserved:
+                    self._give_back_slot(self._reserved.pop())
+                return False
+            self._reserved.append(slot)
+        return True
+
     def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
-        """As the base class (sub-block tails yield first), with the step's draft slots;
-        the room asked of the tails includes the state columns this step may add."""
+        """As the base class (sub-block tails yield first), with the step's draft slots
+        and its new state columns, all or nothing (``None``: nothing changed).
+
+        A running request's columns are taken first (nothing it holds can be evicted for
+        them). A first allocation's are taken after the manager's allocation, which pins
+        the hit (taking them first could evict the very snapshot the hit needs), and the
+        allocation is undone if they cannot be had.
+        """
+        first = rid not in self._tracked
+        if not first and not self._reserve_columns(self._need):
+            self.stats_counters.allocation_failures += 1
+            return None
+        alloc = self._allocate_in_core(rid, num_tokens)
+        if alloc is not None and first and not self._reserve_columns(self._need):
+            self._undo_first_allocation(self._spec_request)
+            self.stats_counters.allocation_failures += 1
+            return None
+        return alloc
+
+    def _allocate_in_core(self, rid: str, num_tokens: int) -> Allocation | None:
+        """The core's allocation with the step's draft slots; the room asked of the tails
+        includes the state columns this step may add."""
         from hybridcache.errors import OutOfSpaceError
 
         if self.tails is not None:
@@ -122,14 +208,26 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
                 self.stats_counters.allocation_failures += 1
                 return None
 
-    def _column_slot(self) -> int:
-        """A slot for a state column: from the index (evicting entries), else a tail's."""
+    def _undo_first_allocation(self, request: Request) -> None:
+        """Undo a refused first allocation: the request is registered afresh, as it was
+        before (core access: the engine port replaces it)."""
+        self.manager.free(request.request_id, finished=False)
+        if self.tails is not None:
+            self.tails.forget(request.request_id)
+        self._add(request)
+
+    def _column_slot(self) -> int | None:
+        """A slot for a state column: from the index (evicting entries), else a tail's;
+        ``None`` when none is left. (Core access: with :meth:`_give_back_slot`, what the
+        engine port replaces.)"""
         slot = self.manager.index.alloc_slot()
         while slot is None and self.tails is not None and self.tails.evict_one():
             slot = self.manager.index.alloc_slot()
-        if slot is None:
-            raise RuntimeError("hybridcache: no state slot for a speculative column")
         return slot
+
+    def _give_back_slot(self, slot: int) -> None:
+        """Return a column slot taken by :meth:`_column_slot` and not used."""
+        self.manager.arena.free_slot(slot)
 
     def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
         """Pages as the base class; a slot of its own for every state column."""
@@ -141,7 +239,9 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         end = alloc.start + alloc.num_tokens - self._lookahead  # the main model's tokens
         last = (end - 1) // self.block_size + self.num_spec
         while len(tr.cols) <= last:
-            slot = self._column_slot()
+            slot = self._reserved.pop() if self._reserved else self._column_slot()
+            if slot is None:  # allocate_slots counted them: only a miscount gets here
+                raise RuntimeError("hybridcache: no state slot for a speculative column")
             st.owned[len(tr.cols)] = slot
             tr.cols.append(slot)
         mreq = self.manager.requests[rid]
@@ -187,15 +287,16 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         """Sub-block tails after a step with drafts: the state after its ``t + 1``-th input
         is in column ``cur + t``, not in the column holding ``n``.
 
-        Not reached by engines today (:func:`sub_block_unit` turns tails off with
-        speculative decoding): this holds for the recurrent (SSM) state, but vLLM keeps a
-        speculative step's *conv* state in column ``cur`` only, read at an offset of the
-        accepted count, which a whole-block copy cannot capture. Kept, and tested on the
-        simulated worker (one state per block), for the day tails copy that state right.
-
         Every accepted position's state was written, so the tail is made at the deepest
         unit boundary the step's accepted tokens reach (inside a block), not only when
         ``n`` itself lands on one; ``n`` is then told with no tail to make.
+
+        A tail copies its column's blocks whole, so the column must hold the *whole* state
+        there: the recurrent state, and the conv window, which vLLM keeps in column
+        ``cur`` only (read at the accepted-count offset). With :attr:`columns_whole` the
+        worker also writes every column's own window (the plug-in's CPU forwards), and any
+        accepted boundary may be a tail; otherwise (vLLM's kernels) only the state after
+        the step's first input, in column ``cur`` at offset 0, is whole.
         """
         assert self.tails is not None
         st = self._spec.get(tr.request.request_id)
@@ -205,20 +306,23 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         unit, bs = self.tails.unit, self.block_size
         # A request stopped inside the step keeps computed positions past its last token
         # (vLLM trims the output, not num_computed_tokens): a tail covers known tokens only.
-        u = min(n, tr.request.num_tokens) // unit * unit
+        known = min(n, tr.request.num_tokens)
+        u = known // unit * unit
         while u > c and u % bs == 0:
             u -= unit
+        if not self.columns_whole and u != c + 1:
+            u = 0  # the state at u is split over two columns: no tail
         rid, prompt = tr.request.request_id, tr.request.num_prompt_tokens
         # A step that ends on a block boundary has the worker copy that state into column
         # ``cur`` after sampling: the state after the first input is gone from there.
         lowest = c + 2 if n % bs == 0 and n // bs - 1 == cur else c + 1
-        if u >= lowest:
+        made = u >= lowest
+        if made:
             kv_col, state_col = (u - 1) // bs, cur + (u - c - 1)
             self.tails.computed(rid, u, prompt, [tr.tables[g][kv_col] for g in self.attn_ids],
                                 [tr.tables[g][state_col] for g in self.mamba_ids])
-        known = min(n, tr.request.num_tokens)
-        if u != known:  # passes saves up to n (no unit boundary inside a block: no tail)
-            self.tails.computed(rid, known, prompt, [], [])
+        if not made or u != known:  # passes saves up to ``known``, makes no tail there
+            self.tails.computed(rid, known, prompt, [], [], make_tail=False)
 
     def _accept_keeping_pages(self, mreq: Any, a: int, end: int) -> None:
         """``accept(a)``, but the pages past the accepted tokens stay with the request.
@@ -296,23 +400,29 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
 
 
 def sub_block_unit(vllm_config: Any, unit: int | None) -> int | None:
-    """The sub-block tail unit for this engine: ``unit``, or ``None`` (tails off) with
-    speculative decoding.
+    """The sub-block tail unit for this engine: ``unit`` (an INFO line says, under
+    speculative decoding, where tails are made after a step with drafts).
 
-    A speculative step leaves the state at a position inside it split over columns: the
-    recurrent state in column ``cur + t``, the conv state in column ``cur`` at an offset
-    of the accepted count (vLLM's ``spec_state_indices[:, 0]``). Sub-block tails copy
-    whole blocks through ``kv_cache_block_copies``, so a tail made after such a step holds
-    a wrong conv state: the likely cause of the one mismatch measured (a tiny Qwen3-Next,
-    n-gram drafts: a request hitting a tail at 752 diverged from caching off at its second
-    output token; with tails off every output equals). Tails are turned off; block-level
-    hits and snapshots are unaffected.
+    Tails with speculative decoding are correct once a tail copies a column that holds a
+    whole state (:meth:`SpecDecodeKVCacheManager._tell_tails`): vLLM keeps a speculative
+    step's conv window in column ``cur`` only, so a block copy of column ``cur + t``
+    paired the right recurrent state with a stale conv window (measured: a tiny
+    Qwen3-Next request hitting such a tail at 752 diverged from caching off at its
+    second output token). The plug-in's CPU forwards now write every column's window
+    (:func:`.cpu_kernels.spread_conv_windows`); elsewhere only the state after a step's
+    first input is taken.
     """
     if unit is None or getattr(vllm_config, "speculative_config", None) is None:
         return unit
-    logger.info("hybridcache: sub-block tails (prefix_match_unit %d) are off with speculative "
-                "decoding; hits and states stay on block boundaries", unit)
-    return None
+    from .cpu_kernels import speculative_columns_whole
+
+    where = ("at every accepted unit boundary (this engine's speculative forwards write "
+             "every state column's conv window)" if speculative_columns_whole() else
+             "only where a step's first state lands (vLLM's kernels keep the conv window "
+             "in the current column only)")
+    logger.info("hybridcache: sub-block tails (prefix_match_unit %d) with speculative "
+                "decoding: after a step with drafts, tails are made %s", unit, where)
+    return unit
 
 
 def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, Any]]:
@@ -328,7 +438,10 @@ def manager_for(vllm_config: Any, manager_cls: type) -> tuple[type, dict[str, An
         raise ValueError(
             "HybridCacheScheduler does not support speculative decoding with a KV connector"
         )
-    return SpecDecodeKVCacheManager, {"num_speculative_tokens": int(spec.num_speculative_tokens)}
+    from .cpu_kernels import speculative_columns_whole
+
+    return SpecDecodeKVCacheManager, {"num_speculative_tokens": int(spec.num_speculative_tokens),
+                                      "columns_whole": speculative_columns_whole()}
 
 
 __all__ = ["NULL_SLOT", "SpecDecodeKVCacheManager", "manager_for", "sub_block_unit"]

@@ -137,3 +137,123 @@ def test_plugin_registers_kda_model():
 def test_ctypes_reads_int32_block_ids():
     t = torch.tensor([[7, -1, 2**31 - 1]], dtype=torch.int32)
     assert ctypes.c_int32.from_address(t.data_ptr() + 8).value == 2**31 - 1
+
+
+# --------------------------------------------------------------------------- spec columns
+def _kda_layer(seed: int = 0):
+    """The plug-in's KDA forward on a tiny random layer (2 heads of 4, conv width 4)."""
+    from types import SimpleNamespace
+
+    from hybridcache.adapters.vllm.kda_layer import KdaCpuForward
+
+    g = torch.Generator().manual_seed(seed)
+    heads, dim, width = 2, 4, 4
+
+    class Layer(KdaCpuForward):
+        local_num_heads, head_dim, local_projection_size = heads, dim, heads * dim
+        conv_size, gate_lower_bound = width, -5.0
+        conv1d = SimpleNamespace(weight=torch.randn(3 * heads * dim, 1, width, generator=g))
+        A_log = torch.randn(heads, generator=g)
+        dt_bias = torch.randn(heads * dim, generator=g)
+
+    return Layer(), g
+
+
+def _kda_inputs(layer, g, n: int):
+    from hybridcache.adapters.vllm.kda_layer import _Inputs
+
+    h, d = layer.local_num_heads, layer.head_dim
+    return _Inputs(torch.randn(n, 3 * h * d, generator=g), torch.randn(n, h, d, generator=g),
+                   torch.randn(n, h, generator=g))
+
+
+def _cat(a, b):
+    from hybridcache.adapters.vllm.kda_layer import _Inputs
+
+    return _Inputs(*(torch.cat([x, y]) for x, y in zip((a.qkv, a.raw_g, a.raw_beta),
+                                                        (b.qkv, b.raw_g, b.raw_beta))))
+
+
+def _take(a, n: int):
+    from hybridcache.adapters.vllm.kda_layer import _Inputs
+
+    return _Inputs(a.qkv[:n], a.raw_g[:n], a.raw_beta[:n])
+
+
+def _prefill(layer, caches, block: int, inputs) -> torch.Tensor:
+    """Outputs of a prefill of ``inputs`` from ``block``'s state (vLLM's non-spec path)."""
+    from types import SimpleNamespace
+
+    n = inputs.qkv.shape[0]
+    m = SimpleNamespace(non_spec_state_indices_tensor=torch.tensor([block]), num_prefills=1,
+                        non_spec_query_start_loc=torch.tensor([0, n]),
+                        has_initial_state=torch.tensor([True]))
+    out = torch.zeros(n, layer.local_num_heads, layer.head_dim)
+    layer._run_non_spec(m, inputs, torch.arange(n), out, caches)
+    return out
+
+
+def _copy_block(caches, src: int, dst: int) -> None:
+    for c in caches:  # kv_cache_block_copies: the whole block of every state tensor
+        c[dst] = c[src]
+
+
+def _tail_after_spec_step_errors(layer, g) -> list[float]:
+    """For each position ``t`` of a 4-token speculative step: run the step, copy its column
+    ``t``'s blocks whole (what a sub-block tail does), prefill 3 more tokens from the copy;
+    the largest difference from a prefill of the step's first ``t + 1`` tokens and the
+    same 3 from the step's initial state."""
+    width, spec, q = layer.conv_size, 3, 4
+    blocks, c = 12, 3 * layer.local_projection_size
+    conv = torch.randn(blocks, c, width - 1 + spec, generator=g)
+    rec = torch.randn(blocks, layer.local_num_heads, layer.head_dim, layer.head_dim, generator=g)
+    caches = (conv, rec)
+    cols = [2, 3, 4, 5]
+    _copy_block(caches, 2, 1)  # block 1: the step's initial state, kept
+    x, y = _kda_inputs(layer, g, q), _kda_inputs(layer, g, 3)
+    from types import SimpleNamespace
+
+    m = SimpleNamespace(spec_state_indices_tensor=torch.tensor([cols]), num_spec_decodes=1,
+                        spec_query_start_loc=torch.tensor([0, q]),
+                        num_accepted_tokens=torch.tensor([1]))
+    layer._run_spec(m, x, torch.arange(q), torch.zeros(q, layer.local_num_heads, layer.head_dim),
+                    caches)
+    errors = []
+    for t in range(q):
+        _copy_block(caches, cols[t], 9)
+        got = _prefill(layer, caches, 9, y)
+        _copy_block(caches, 1, 10)
+        want = _prefill(layer, caches, 10, _cat(_take(x, t + 1), y))[t + 1 :]
+        errors.append(float((got - want).abs().max()))
+    return errors
+
+
+def test_kda_spec_step_leaves_a_whole_state_in_every_column():
+    """After a speculative step, every state column's blocks, copied whole, continue
+    exactly as the step's accepted prefix would (the conv window is there too)."""
+    layer, g = _kda_layer()
+    errors = _tail_after_spec_step_errors(layer, g)
+    assert max(errors) < 1e-5, errors
+
+
+def test_mutation_kda_spec_step_without_column_windows_fails(monkeypatch):
+    """Mutation: without ``spread_conv_windows`` only column 0 (the state after the first
+    input) is whole; a copy of a later column starts from a stale conv window."""
+    from hybridcache.adapters.vllm import kda_layer
+
+    monkeypatch.setattr(kda_layer, "spread_conv_windows", lambda *a: None)
+    layer, g = _kda_layer()
+    errors = _tail_after_spec_step_errors(layer, g)
+    assert errors[0] < 1e-5 and min(errors[1:]) > 1e-3, errors
+
+
+def test_spread_conv_windows_writes_each_columns_window():
+    width, cols = 4, [1, 2, 3]
+    buf = torch.arange(2 * 3 * 5 * 6, dtype=torch.float32).reshape(5, 6, 6)[:, :2]  # [5, 2, 6]
+    before = buf.clone()
+    cpu_kernels.spread_conv_windows(buf, cols, width)
+    assert torch.equal(buf[1], before[1])  # column cur: vLLM's own buffer, untouched
+    for t in (1, 2):
+        assert torch.equal(buf[cols[t], :, : width - 1], before[1, :, t : t + width - 1])
+        assert torch.equal(buf[cols[t], :, width - 1 :], before[cols[t], :, width - 1 :])
+    assert torch.equal(buf[0], before[0]) and torch.equal(buf[4], before[4])

@@ -12,12 +12,15 @@ state block records which token prefix its state is of, so:
   boundary: a rejected draft's state registered anywhere fails;
 * at the end no page or slot leaks (everything in use belongs to a cached entry).
 
-The scheduler turns sub-block tails off under speculative decoding (vLLM's conv-state
-layout of a speculative step cannot be block-copied, ``spec_decode.sub_block_unit``);
-the tests that build the manager with tails anyway check the recurrent-state columns
-they copy: the worker applies ``kv_cache_block_copies`` with
+A state block has two parts, as vLLM's: the recurrent state and the conv window. The
+worker keeps a speculative step's conv history in column ``cur`` only (the window after
+its ``t + 1``-th input at offset ``t``, read at the accepted-count offset), unless it is
+the plug-in's CPU worker, which also writes every column's own window
+(``SpecWorker.whole_columns``, ``cpu_kernels.spread_conv_windows``). Sub-block tails are
+on (the default 16-token unit); the worker applies ``kv_cache_block_copies`` whole, with
 :class:`vllm_sched_harness.SimWorker`'s block semantics, so a tail copied from the wrong
-column or a wrong KV block fails the same checks.
+column, from a column whose conv window is stale, or with a wrong KV block fails the
+same checks.
 """
 
 from __future__ import annotations
@@ -42,13 +45,11 @@ K = 3  # draft tokens per step
 
 def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
                         admission: str = h.DEFAULT_ADMISSION, manager_cls: Any = None,
-                        tails_unit: int | None = None) -> Any:
+                        tails_unit: int | None = None, columns_whole: bool | None = None) -> Any:
     """``vllm_sched_harness.make_scheduler`` with an n-gram speculative config of ``K``
     tokens (Mamba blocks get ``K`` speculative columns, as vLLM's engine gives them).
-    ``manager_cls`` replaces the spec-decode manager (the mutation test); ``tails_unit``
-    builds it with sub-block tails, which the scheduler itself turns off under speculative
-    decoding (the simulated worker's one state per block checks the recurrent-state
-    columns they would copy, not vLLM's conv-state layout)."""
+    ``manager_cls``, ``tails_unit`` or ``columns_whole`` rebuild the spec-decode manager
+    with that class (the mutation tests), tail unit (``None``: none) or column mode."""
     import torch
     from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -91,14 +92,15 @@ def make_spec_scheduler(model_dir, num_blocks: int, *, max_batched: int = 256,
         vllm_config=vllm_config, kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(vllm_config), block_size=bs,
         log_stats=True)
-    if manager_cls is not None or tails_unit is not None:
+    if manager_cls is not None or tails_unit is not None or columns_whole is not None:
         from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
 
         old = sched.kv_cache_manager
         sched.kv_cache_manager = (manager_cls or SpecDecodeKVCacheManager)(
             kv_cache_config, max_model_len=old.manager.spec.max_model_len,
             config=old.manager.config, enable_caching=True, log_stats=True,
-            prefix_match_unit=tails_unit, num_speculative_tokens=K)
+            prefix_match_unit=tails_unit, num_speculative_tokens=K,
+            columns_whole=old.columns_whole if columns_whole is None else columns_whole)
     return sched
 
 
@@ -109,6 +111,33 @@ class SpecWorker(h.SimWorker):
     accepted: dict[str, int] = field(default_factory=dict)  # worker's num_accepted_tokens
     good: set[tuple[int, str]] = field(default_factory=set)  # accepted prefix states
     good_any: set[tuple[int, str]] = field(default_factory=set)  # ... at any position
+    whole_columns: bool = True  # the plug-in's CPU worker: every column gets its window
+    # block -> conv windows by offset: the window after the step's t + 1-th input at t
+    conv: dict[int, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+
+    def apply_block_ops(self, out: Any) -> None:
+        for b in out.new_block_ids_to_zero or ():
+            self.conv.pop(b, None)
+        super().apply_block_ops(out)
+
+    def _copy(self, src: int, dst: int) -> None:
+        """A whole block (``kv_cache_block_copies``): KV, recurrent state, conv buffer."""
+        super()._copy(src, dst)
+        if src in self.conv:
+            self.conv[dst] = self.conv[src]
+        else:
+            self.conv.pop(dst, None)
+
+    def _shift_copy(self, conv_src: int, state_src: int, dst: int, bias: int) -> None:
+        """vLLM's ``_copy_mamba_state_block``: the conv history of ``conv_src`` shifted by
+        ``bias`` tokens, the recurrent state of ``state_src``."""
+        window = self.conv.get(conv_src, ())[bias:]
+        self._copy(state_src, dst)
+        self.conv[dst] = window
+
+    def conv_at(self, block: int, offset: int = 0) -> tuple[int, str] | None:
+        got = self.conv.get(block, ())
+        return got[offset] if offset < len(got) else None
 
     def run_step(self, out: Any, requests: dict[str, Any], rng: random.Random) -> Any:
         """Apply ``out``, play the forward pass and sampling; the ``ModelRunnerOutput``."""
@@ -141,7 +170,7 @@ class SpecWorker(h.SimWorker):
         for g in self.mamba_groups:  # preprocess_mamba
             assert len(table[g]) > curr + len(drafts), f"{rid}: speculative columns missing"
             if prev != -1 and prev != curr:
-                self._copy(table[g][prev + acc - 1], table[g][curr])
+                self._shift_copy(table[g][prev], table[g][prev + acc - 1], table[g][curr], acc - 1)
         if prev != -1 and prev != curr:
             acc = 1
         self.state_col[rid] = curr
@@ -149,20 +178,30 @@ class SpecWorker(h.SimWorker):
             for pos in range(c, c + q):
                 b = table[g][pos // bs]
                 self.state.pop(b, None)
+                self.conv.pop(b, None)
                 self.kv[(b, pos % bs)] = inputs[pos]
             for pos in range(c + q):
                 got = self.kv.get((table[g][pos // bs], pos % bs))
                 assert got == inputs[pos], f"{rid}: KV at {pos} holds {got}"
+        # vLLM's speculative rows: steps with drafts, and decodes that got none.
+        spec_row = bool(drafts) or (c >= req.num_prompt_tokens and q == 1)
         for g in self.mamba_groups:
             src = table[g][curr + acc - 1]
             if c:
                 want = (c, h.prefix_digest(inputs[:c]))
                 assert self.state.get(src) == want, f"{rid}: starts from {self.state.get(src)}, needs {want}"
+                conv = self.conv_at(table[g][curr], acc - 1)
+                assert conv == want, f"{rid}: conv window from {conv}, needs {want}"
+            after = [(c + t + 1, h.prefix_digest(inputs[: c + t + 1])) for t in range(q)]
             if drafts:
                 for t in range(q):
-                    self._write_state(table[g][curr + t], (c + t + 1, h.prefix_digest(inputs[: c + t + 1])))
+                    self._write_state(table[g][curr + t], after[t])
+                    if self.whole_columns and t:
+                        self.conv[table[g][curr + t]] = (after[t],)
             else:
                 self._write_state(table[g][curr], (c + q, h.prefix_digest(inputs)))
+            self.conv[table[g][curr]] = tuple(after) if spec_row else (after[-1],)
+            if not drafts:
                 self.good_any.add((c + q, h.prefix_digest(inputs)))
                 if (c + q) % bs == 0:  # known tokens only: an accepted state
                     self.good.add((c + q, h.prefix_digest(inputs)))
@@ -203,7 +242,8 @@ class SpecWorker(h.SimWorker):
             if bias == 0:
                 return
         for g in self.mamba_groups:
-            self._copy(self.tables[rid][g][curr + bias], self.tables[rid][g][dst])
+            col = self.tables[rid][g]
+            self._shift_copy(col[curr], col[curr + bias], col[dst], bias)
 
 
 def drafts_for(sched: Any, rng: random.Random, p_right: float) -> Any:
@@ -232,20 +272,30 @@ def check_snapshots(sched: Any, worker: SpecWorker) -> None:
     for node in km.manager.index.nodes.values():
         if node.snap < 0:
             continue
-        got = worker.state.get(km._state_blocks(node.snap, 0))
+        block = km._state_blocks(node.snap, 0)
+        got = worker.state.get(block)
         assert got in worker.good, f"snapshot slot {node.snap} holds {got}, not an accepted state"
+        assert worker.conv_at(block) == got, f"snapshot slot {node.snap}: conv {worker.conv_at(block)}"
     for tail in km.tails.lru if km.tails is not None else ():  # sub-block tails
         if tail.ready:
-            got = worker.state.get(km._state_blocks(tail.slot, 0))
+            block = km._state_blocks(tail.slot, 0)
+            got = worker.state.get(block)
             assert got is not None and got[0] == tail.boundary and got in worker.good_any, (
                 f"tail at {tail.boundary} holds {got}, not an accepted state")
+            assert worker.conv_at(block) == got, (
+                f"tail at {tail.boundary}: conv window {worker.conv_at(block)}, not {got}")
 
 
-def drive_spec(sched: Any, sessions: dict, seed: int, p_right: float) -> tuple[h.DriveResult, SpecWorker]:
+def drive_spec(sched: Any, sessions: dict, seed: int, p_right: float,
+               whole_columns: bool | None = None) -> tuple[h.DriveResult, SpecWorker]:
+    """Run ``sessions``; the worker writes every column's conv window when
+    ``whole_columns`` (default: what the manager believes it does)."""
     kvc = sched.kv_cache_config
     mamba = [i for i, g in enumerate(kvc.kv_cache_groups) if "linear" in g.layer_names[0]]
     attn = [i for i in range(len(kvc.kv_cache_groups)) if i not in mamba]
-    worker = SpecWorker(sched.block_size, mamba, attn)
+    if whole_columns is None:
+        whole_columns = sched.kv_cache_manager.columns_whole
+    worker = SpecWorker(sched.block_size, mamba, attn, whole_columns=whole_columns)
     rng = random.Random(seed)
     steps = [0]
 
@@ -335,17 +385,21 @@ def _short_sessions(seed: int) -> dict:
                                 answers=(20, 12), questions=3)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_sub_block_tails_with_spec_decode(model_dir, seed):
-    """A manager built with tails (the scheduler turns them off): they hit, outputs equal
-    a run without drafts, every tail holds an accepted state, nothing leaks."""
+@pytest.mark.parametrize(("seed", "whole"), [(0, True), (1, True), (2, True),
+                                           (0, False), (1, False), (2, False)])
+def test_sub_block_tails_with_spec_decode(model_dir, seed, whole):
+    """Tails with drafts, on a worker that gives every column its conv window (the
+    plug-in's CPU forwards) and on one that keeps it in column ``cur`` only (vLLM's
+    kernels): they hit, outputs equal a run without drafts, every tail holds an accepted
+    state with its own conv window, nothing leaks."""
     from hybridcache.adapters.vllm import HybridCacheScheduler
 
     sessions = _short_sessions(seed)
     base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
-    sched = make_spec_scheduler(model_dir, 400, tails_unit=16)
+    sched = make_spec_scheduler(model_dir, 400, tails_unit=16, columns_whole=whole)
     assert sched.kv_cache_manager.tails is not None
-    res, _ = drive_spec(sched, sessions, seed, p_right=[0.6, 1.0, 0.3][seed])
+    res, worker = drive_spec(sched, sessions, seed, p_right=[0.6, 1.0, 0.3][seed])
+    assert worker.whole_columns is whole
     assert res.outputs == base.outputs
     stats = sched.kv_cache_manager.stats()
     assert stats["tail_hits"] > 0 and stats["saves_dropped"] == 0
@@ -353,6 +407,15 @@ def test_sub_block_tails_with_spec_decode(model_dir, seed):
     assert sum(res.hits.values()) >= 0.95 * sum(base.hits.values())
     assert sched.kv_cache_manager.num_owned_column_slots == 0
     h.assert_ours_clean(sched)
+
+
+def test_mutation_tails_anywhere_on_a_worker_without_column_windows_fails(model_dir):
+    """Mutation (the bug this guards): the manager makes tails at any accepted boundary
+    of a step with drafts while the worker keeps the conv window in column ``cur`` only,
+    so a tail pairs the right recurrent state with a stale conv window."""
+    sched = make_spec_scheduler(model_dir, 400, tails_unit=16, columns_whole=True)
+    with pytest.raises(AssertionError, match="conv window"):
+        drive_spec(sched, _short_sessions(1), 1, p_right=1.0, whole_columns=False)
 
 
 def test_mutation_tail_from_the_column_holding_n_fails(model_dir):
@@ -400,24 +463,63 @@ def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
         drive_spec(sched, _short_sessions(0), 0, p_right=0.5)
 
 
-def test_scheduler_turns_sub_block_tails_off_under_spec_decode(model_dir, caplog):
-    """The default 16-token unit gives no tails with drafts (an INFO line says so): hits
-    stay on block boundaries; without speculative decoding the same config has tails."""
+def test_scheduler_keeps_sub_block_tails_under_spec_decode(model_dir, caplog):
+    """The default 16-token unit keeps tails with drafts; an INFO line says where they are
+    made (here, vLLM's CPU build with the plug-in's forwards: at every accepted boundary)."""
     import logging
 
-    from hybridcache.adapters.vllm import HybridCacheScheduler
-    from hybridcache.adapters.vllm.spec_decode import sub_block_unit
+    from hybridcache.adapters.vllm.cpu_kernels import speculative_columns_whole
 
     with caplog.at_level(logging.INFO, logger="hybridcache.adapters.vllm.spec_decode"):
         sched = make_spec_scheduler(model_dir, 400)
-    assert sched.kv_cache_manager.tails is None
-    assert any("sub-block tails" in r.getMessage() and "off" in r.getMessage()
-               for r in caplog.records)
-    assert sched.prefix_match_unit() == 16  # asked for, and refused for the manager
-    assert sub_block_unit(sched.vllm_config, 16) is None
+    km = sched.kv_cache_manager
+    assert km.tails is not None and km.tails.unit == 16
+    assert km.columns_whole is speculative_columns_whole() is True
+    assert any("sub-block tails" in r.getMessage() and "every accepted unit boundary"
+               in r.getMessage() for r in caplog.records)
     res, _ = drive_spec(sched, _short_sessions(0), 0, p_right=0.6)
-    assert all(hit % h.BLOCK == 0 for hit in res.hits.values())
-    assert sum(res.hits.values()) > 0
-    plain = h.make_scheduler(model_dir, HybridCacheScheduler, 400)
-    assert plain.kv_cache_manager.tails is not None
-    assert sub_block_unit(plain.vllm_config, 16) == 16
+    assert any(hit % h.BLOCK for hit in res.hits.values())
+    assert km.stats()["tail_hits"] > 0
+
+
+def _request_state(km: Any, rid: str) -> tuple:
+    """What an allocation of ``rid`` may change: its core request, tables, columns."""
+    mreq = km.manager.requests.get(rid)
+    tr = km._tracked.get(rid)
+    st = km._spec.get(rid)
+    return (None if mreq is None else (mreq.num_allocated, [len(t) for t in mreq.pages],
+                                       len(mreq.draft_slots), dict(mreq.saves)),
+            None if tr is None else (list(tr.cols), [list(t) for t in tr.tables]),
+            None if st is None else (dict(st.owned), st.step))
+
+
+def test_no_slot_for_a_speculative_column_preempts(model_dir):
+    """With too few blocks for every request's speculative columns, ``allocate_slots``
+    returns ``None`` (vLLM preempts or keeps the request waiting) instead of raising, and
+    a refused call changes nothing of the request and leaks no slot; the run finishes
+    with the outputs of a run with room to spare and nothing leaks."""
+    from hybridcache.adapters.vllm import HybridCacheScheduler
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    refused = []
+
+    class Checked(SpecDecodeKVCacheManager):
+        def allocate_slots(self, request, *args, **kwargs):
+            rid = request.request_id
+            before = _request_state(self, rid), self.manager.arena.slots_in_use
+            out = super().allocate_slots(request, *args, **kwargs)
+            if out is None:
+                refused.append(rid)
+                after = _request_state(self, rid), self.manager.arena.slots_in_use
+                assert after[0] == before[0], f"{rid}: a refused allocation changed it"
+                assert after[1] <= before[1], f"{rid}: a refused allocation kept slots"
+            return out
+
+    sessions = _sessions(3)
+    base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
+    sched = make_spec_scheduler(model_dir, 40, manager_cls=Checked, tails_unit=16)
+    res, _ = drive_spec(sched, sessions, 3, p_right=0.8)
+    assert refused and res.preemptions > 0
+    assert res.outputs == base.outputs
+    assert sched.kv_cache_manager.num_owned_column_slots == 0
+    h.assert_ours_clean(sched)

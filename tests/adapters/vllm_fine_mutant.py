@@ -23,3 +23,4 @@ class PartialPageSkipped(HybridCacheScheduler):
             real(rid, tail, [], state_blocks)
 
         tails.restore = state_only
+

@@ -112,9 +112,11 @@ def _tokens(rng, n: int) -> list[int]:
 ECHO = 32  # with ``repeat``: tokens of the previous prompt's end that a new turn repeats
 
 
-def engine_kwargs(model: str, mode: str, spec_tokens: int = 0) -> dict:
+def engine_kwargs(model: str, mode: str, spec_tokens: int = 0,
+                  scheduler_cls: str = SCHEDULER) -> dict:
     """``LLM(...)`` arguments of one mode (``native16``: vLLM's strongest documented
-    setting, ``prefix_match_unit=16`` and ``prefix_cache_retention_interval=None``)."""
+    setting, ``prefix_match_unit=16`` and ``prefix_cache_retention_interval=None``;
+    ``scheduler_cls`` replaces ours in mode ``ours``: the mutation tests)."""
     kw: dict = dict(model=model, dtype="bfloat16", enforce_eager=True, max_num_seqs=4,
                     async_scheduling=False, seed=0, enable_prefix_caching=mode != "off",
                     gpu_memory_utilization=0.25)  # of host memory on CPU: a shared machine
@@ -123,7 +125,7 @@ def engine_kwargs(model: str, mode: str, spec_tokens: int = 0) -> dict:
     if mode == "native16":
         kw.update(prefix_match_unit=16, prefix_cache_retention_interval=None)
     if mode == "ours":
-        kw["scheduler_cls"] = SCHEDULER
+        kw["scheduler_cls"] = scheduler_cls
     if spec_tokens:
         kw["speculative_config"] = {"method": "ngram", "num_speculative_tokens": spec_tokens,
                                     "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -242,7 +244,7 @@ def no_cache_states(llm, prefixes: dict[str, list[int]]) -> dict:
 
 
 def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None,
-        hits_from: str | None = None) -> dict:
+        hits_from: str | None = None, scheduler_cls: str = SCHEDULER) -> dict:
     """Serve the workload in this process; ``probe`` saves KDA states (see :func:`serve`)."""
     import os
     import time
@@ -251,7 +253,7 @@ def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None
     from vllm import LLM, SamplingParams
 
     t0 = time.time()
-    llm = LLM(**engine_kwargs(model, mode, spec_tokens))
+    llm = LLM(**engine_kwargs(model, mode, spec_tokens, scheduler_cls))
     sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
     results: list[dict] = []
 
@@ -284,7 +286,8 @@ def run(model: str, mode: str, spec_tokens: int, repeat: bool, probe: str | None
 
 
 def serve(model: Path, out: Path, mode: str, *, spec_tokens: int = 0, repeat: bool = False,
-          probe: Path | None = None, hits_from: Path | None = None) -> dict:
+          probe: Path | None = None, hits_from: Path | None = None,
+          scheduler_cls: str = SCHEDULER) -> dict:
     """Run :func:`run` in a fresh process; returns its JSON (also written to ``out``).
 
     ``probe``: save KDA states there (``ours``: the snapshots at every hit boundary;
@@ -301,6 +304,7 @@ def serve(model: Path, out: Path, mode: str, *, spec_tokens: int = 0, repeat: bo
     cmd += ["--repeat"] if repeat else []
     cmd += ["--probe", str(probe)] if probe else []
     cmd += ["--hits-from", str(hits_from)] if hits_from else []
+    cmd += ["--scheduler-cls", scheduler_cls]
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-6000:]
     return json.loads(out.read_text())
@@ -317,8 +321,9 @@ def _main() -> None:
     ap.add_argument("--repeat", action="store_true")
     ap.add_argument("--probe", default=None)
     ap.add_argument("--hits-from", default=None)
+    ap.add_argument("--scheduler-cls", default=SCHEDULER)
     a = ap.parse_args()
-    res = run(a.model, a.mode, a.spec_tokens, a.repeat, a.probe, a.hits_from)
+    res = run(a.model, a.mode, a.spec_tokens, a.repeat, a.probe, a.hits_from, a.scheduler_cls)
     Path(a.out).write_text(json.dumps(res))
 
 
