@@ -137,9 +137,21 @@ class Evictor:
         False when nothing is evictable."""
         choice = self.chooser.choose(None, [])  # no predicate: nothing is set aside
         if choice is None:
-            return False
+            return self._evict_sliding()
         self._drop(*choice, keep_slot=False)
         return True
+
+    def _evict_sliding(self) -> bool:
+        """Last resort: the sliding-window page released longest ago (hybridcache.sliding).
+
+        Unheld sliding pages go with their unit's full KV when the policy evicts that; the
+        ones left are those of units whose full KV a running request still holds (a long
+        request's window moved on) or that serve a snapshot end, so they are taken only
+        once no ranked entry is left. Memory stays bounded: they are all evictable."""
+        for cache in self._index.sliding:
+            if cache.evict_oldest():
+                return True
+        return False
 
     def _drop(self, kind: str, node: UnitHandle, keep_slot: bool) -> int:
         """Evict a chosen victim; returns its slot when ``keep_slot`` and it is a snapshot
@@ -184,6 +196,11 @@ class Evictor:
             while s is None:
                 choice = choose(pred, aside)
                 if choice is None:
+                    # One page per block: a freed sliding page frees a block too.
+                    if pred is None and self._evict_sliding():
+                        if arena.may_have_slot():
+                            s = arena.alloc_slot()
+                        continue
                     return None
                 got = self._drop(*choice, keep_slot=True)
                 if got >= 0:

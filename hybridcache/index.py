@@ -41,6 +41,7 @@ from hybridcache.runs import (
     split,
     truncate_holds,
 )
+from hybridcache.sliding import SlidingWindowCache
 from hybridcache.unit_view import UnitView
 
 __all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
@@ -124,6 +125,7 @@ class PrefixIndex:
         flops_per_byte_scale: float,
         marconi_alpha: float = 1.0,
         marconi_window: int = 64,
+        kv_groups: Sequence[str] | None = None,
     ) -> None:
         self.arena = arena
         #: The first unit of every run -> the run. A walk enters every run at its first
@@ -154,8 +156,14 @@ class PrefixIndex:
         #: engines, or seen by observers passed to a port); ``None``: not recorded.
         self.events: EventLog | None = None
         lay = arena.layout
-        self._kv_groups = tuple(lay.page_payload)
+        # The full-attention (and MLA) groups whose pages runs hold; sliding-window groups
+        # are cached apart (hybridcache.sliding), in ``sliding``.
+        self._kv_groups = tuple(lay.page_payload) if kv_groups is None else tuple(kv_groups)
         self.kv_groups = len(self._kv_groups)  # pages per KV unit
+        #: The sliding-window caches (hybridcache.sliding; empty for models without sliding
+        #: windows): a unit whose full KV is evicted loses its sliding pages too, and the
+        #: evictor takes their unheld entries when nothing else is evictable.
+        self.sliding: list[SlidingWindowCache] = []
         self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
         #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
         self.tenant_bytes: dict[str | None, int] = {}
@@ -169,7 +177,7 @@ class PrefixIndex:
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
         lay = arena.layout
-        self.node_kv_bytes = lay.page_bytes * len(lay.page_payload)
+        self.node_kv_bytes = lay.page_bytes * self.kv_groups
         self.snap_bytes = lay.slot_bytes
         settings = PolicySettings(
             flops_per_byte_scale, self.node_kv_bytes, _snap_evictable, marconi_alpha, marconi_window
@@ -457,6 +465,9 @@ class PrefixIndex:
             reg[p // ppb] -= 1
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
+        if self.sliding:  # no path reaches the unit's sliding pages any more
+            for cache in self.sliding:
+                cache.drop_unit(node.digest)
         if pos == 0:
             del self.heads[node.digest]
         tail = None

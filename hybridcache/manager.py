@@ -30,6 +30,7 @@ import numpy as np
 from hybridcache import validation
 from hybridcache.admission import AdmissionPolicy, admission_points
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
+from hybridcache.coordinator import build_coordinator
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
 from hybridcache.index import PrefixIndex, UnitHandle
@@ -41,7 +42,7 @@ from hybridcache.requests import Request
 from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
-from hybridcache.spec import ModelSpec
+from hybridcache.spec import AttentionKind, ModelSpec
 
 _NO_COPIES = CopyPlan()
 
@@ -87,13 +88,22 @@ class HybridCacheManager(SavePointControl):
         self.layout: ArenaLayout = plan_layout(spec, int(capacity_bytes), cfg.hash_unit, cfg.alignment)
         self.arena = Arena(self.layout)
         self.unit = cfg.hash_unit
-        self.groups = [g.name for g in spec.attention_groups]
+        #: The full-attention / MLA groups (the index's runs hold their pages); sliding-window
+        #: groups are the coordinator's (``sliding_groups``).
+        self.groups = [g.name for g in spec.attention_groups if g.kind is not AttentionKind.SLIDING]
         self.has_state = spec.has_state
         # Priority units: FLOPs per byte of a full-prompt-sized unit, so values are ~O(1).
         scale = max(spec.flops.prefill_flops(0, cfg.hash_unit) / max(self.layout.page_bytes, 1), 1e-30)
         self.index = PrefixIndex(
-            self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
+            self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window, self.groups
         )
+        #: Hit lengths across groups and the sliding-window pages (``None``: no sliding
+        #: window, the index alone serves every hit: the fast path).
+        self.coordinator = build_coordinator(spec, self.index, cfg.hash_unit)
+        self.sliding_groups = self.coordinator.names if self.coordinator is not None else ()
+        # A hit is the walk's second answer (the coordinated or snapshot-limited length),
+        # else the whole KV run.
+        self._hit_is_limited = self.has_state or self.coordinator is not None
         self.metrics = CacheMetrics()
         self._fits = Room(self.index).fits  # count, then take (hybridcache.room)
         self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
@@ -168,7 +178,7 @@ class HybridCacheManager(SavePointControl):
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
         kv_units, snap_units, _, _ = self._walk(req)
-        hit = snap_units if self.has_state else kv_units
+        hit = snap_units if self._hit_is_limited else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
     def _walk(self, req: Request) -> tuple[int, int, UnitHandle | None, list[Hold]]:
@@ -185,7 +195,10 @@ class HybridCacheManager(SavePointControl):
         if req.walk is None or req.walk[0] != key:
             index, digests = self.index, req.hasher.digests
             units, holds = index.kv_path(digests, (req.num_tokens - 1) // self.unit)
-            req.walk = (key, (units, *index.deepest_snapshot(digests, units), holds))
+            if self.coordinator is None:
+                req.walk = (key, (units, *index.deepest_snapshot(digests, units), holds))
+            else:
+                req.walk = (key, (units, *self.coordinator.longest_hit(digests, units), holds))
         return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -242,7 +255,9 @@ class HybridCacheManager(SavePointControl):
         held = hit[1] if hit is not None else req.units_allocated
         page_units = max(-(-end // self.unit) - held, 0)
         slots = (first + num_draft) if self.has_state else 0
-        if not (self._fits(page_units, slots, hit[2], hit[3]) if hit is not None
+        coord = self.coordinator
+        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord and hit else 0
+        if not (self._fits(page_units, slots, hit[2], hit[3], slide_hold) if hit is not None
                 else self._fits(page_units, slots)):
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
@@ -259,6 +274,10 @@ class HybridCacheManager(SavePointControl):
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
             new_pages = self._alloc_pages(req, end, undo)
+            if coord is not None:
+                slide_new = coord.alloc_pages(max(-(-end // self.unit) - req.units_allocated, 0), undo.pages)
+                if slide_new is None:
+                    raise OutOfSpaceError("no KV page can be freed: every page is in use")
         except OutOfSpaceError:  # pragma: no cover - the count above rules it out
             for p in undo.pages:
                 self.arena.free_page(p)
@@ -269,6 +288,10 @@ class HybridCacheManager(SavePointControl):
             raise
         for table, pages in zip(req.pages, new_pages):
             table.extend(pages)
+        block_table = {g: list(t) for g, t in zip(self.groups, req.pages)}
+        if coord is not None:
+            coord.extend(req, slide_new)
+            block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.draft_slots = list(drafts)
@@ -278,7 +301,7 @@ class HybridCacheManager(SavePointControl):
         return Allocation(
             start=start,
             num_tokens=num_new_tokens,
-            block_table={g: list(t) for g, t in zip(self.groups, req.pages)},
+            block_table=block_table,
             running_slot=req.slot,
             init_state=first and req.restore is None,
             state_copies=copies,
@@ -290,7 +313,7 @@ class HybridCacheManager(SavePointControl):
     def _hit(self, req: Request) -> _Hit:
         """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
         kv_units, snap_units, snap_node, holds = self._walk(req)
-        if self.has_state:
+        if self._hit_is_limited:
             return (kv_units, snap_units, truncate_holds(holds, snap_units), snap_node if snap_units else None)
         return (kv_units, kv_units, truncate_holds(holds, kv_units), None)
 
@@ -309,6 +332,8 @@ class HybridCacheManager(SavePointControl):
         req.restore = restore
         if req.restore is not None:
             self.index.pin_snapshot(req.restore)
+        if self.coordinator is not None:
+            self.coordinator.begin(req, hit_units)
         req.allocated = True
         req.num_computed = req.hit_tokens
         req.prompt_len = req.num_tokens
@@ -318,6 +343,8 @@ class HybridCacheManager(SavePointControl):
         self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
+        if self.coordinator is not None:
+            self.coordinator.rollback(req)
         req.reset()
 
     def _first_slot(self, req: Request, undo: _Undo) -> CopyPlan:
@@ -434,6 +461,8 @@ class HybridCacheManager(SavePointControl):
         if req.saves:
             for b in sorted(b for b in req.saves if b <= n and b <= req.num_tokens):
                 self._register_snapshot(req, b, req.saves.pop(b))
+        if self.coordinator is not None:
+            self.coordinator.advance(req, n)
 
     def _count_request(self, req: Request) -> None:
         m = self.metrics
@@ -577,6 +606,8 @@ class HybridCacheManager(SavePointControl):
             for p in t[keep_units:]:
                 self.arena.free_page(p)
             del t[keep_units:]
+        if self.coordinator is not None:
+            self.coordinator.trim(req, keep_units)
         req.units_allocated = min(req.units_allocated, keep_units)
 
     # ------------------------------------------------------------------ free
@@ -612,6 +643,8 @@ class HybridCacheManager(SavePointControl):
         for i in req.dup_pages:
             for t in req.pages:
                 self.arena.free_page(t[i])
+        if req.slide:
+            self.coordinator.free(req)  # type: ignore[union-attr]
         self.index.release_runs(req.holds, self.tick)
 
     def clear(self) -> int:

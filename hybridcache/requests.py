@@ -27,6 +27,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
+        "slide",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -63,6 +64,9 @@ class Request:
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []
         self.hit_holds: list = []
+        # Per sliding-window cache, the request's pages there (hybridcache.coordinator);
+        # empty for models without sliding windows.
+        self.slide: list = []
 
     def held_run(self, u: int) -> Run | None:
         """The run holding unit ``u``, one of the registered units ``[0, units)``."""

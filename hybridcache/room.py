@@ -55,10 +55,11 @@ class Room:
         self.free_blocks = arena._free_blocks  # the arena's free-block stack (same list)
         lay = arena.layout
         self.ppb, self.spb, self.num_blocks = lay.pages_per_block, lay.slots_per_block, lay.num_blocks
-        self.groups = index.kv_groups
+        self.groups = index.kv_groups + sum(c.groups for c in index.sliding)
 
     def fits(
-        self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None
+        self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None,
+        slide_hold: int = 0,
     ) -> bool:
         """See :func:`fits`."""
         pages, ppb = page_units * self.groups, self.ppb
@@ -73,7 +74,7 @@ class Room:
             kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
             if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
                 return True
-        return fits(self.index, page_units, slots, holds, restore)
+        return fits(self.index, page_units, slots, holds, restore, slide_hold)
 
 
 def fits(
@@ -82,13 +83,18 @@ def fits(
     slots: int,
     holds: Sequence[Hold] = (),
     restore: UnitHandle | None = None,
+    slide_hold: int = 0,
 ) -> bool:
     """Whether ``slots`` state slots, then ``page_units`` units of KV pages (one page per
-    attention group each), can be allocated with eviction once ``holds`` are held and
-    ``restore``'s snapshot is pinned (module docstring). Changes nothing."""
+    attention group each, sliding-window groups included), can be allocated with eviction
+    once ``holds`` are held, ``restore``'s snapshot is pinned and ``slide_hold`` evictable
+    sliding-window pages (a first allocation's hit window) are held (module docstring).
+    Unheld sliding-window pages count as evictable pages: eviction takes them (last) in
+    the page phase, and in the slot phase when a block is one page. Changes nothing."""
     arena = index.arena
     lay = arena.layout
-    pages = page_units * index.kv_groups
+    sliding = index.sliding
+    pages = page_units * (index.kv_groups + sum(c.groups for c in sliding))
     ppb, spb = lay.pages_per_block, lay.slots_per_block
     free_blocks = len(arena._free_blocks)
     if slots <= free_blocks and pages + slots * ppb <= free_blocks * ppb:
@@ -108,6 +114,8 @@ def fits(
         if end > run.held:
             extra_held += end - run.held
     ev_pages = (index.kv_units - held_units - extra_held) * index.kv_groups
+    if sliding:
+        ev_pages += sum(c.evictable_pages for c in sliding) - slide_hold
     if spb > 1:  # small state: a block is one page
         if slots > arena.free_slot_entries + ev_snaps + spb * (free_blocks + ev_pages):
             return False
