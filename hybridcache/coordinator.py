@@ -110,13 +110,16 @@ class GroupCoordinator:
                 return end, node
             end = e
 
-    def unheld_hit_pages(self, digests: Sequence[bytes], units: int) -> int:
-        """Evictable pages that holding a hit of ``units`` would pin (count, then take)."""
-        n = 0
+    def unheld_hit_pages(self, digests: Sequence[bytes], units: int) -> list[int]:
+        """The evictable pages that holding a hit of ``units`` would pin (count, then take)."""
+        out: list[int] = []
         for c in self.caches:
             entries = c.entries
-            n += c.groups * sum(1 for u in range(c.first_needed(units), units) if not entries[digests[u]].ref)
-        return n
+            for u in range(c.first_needed(units), units):
+                entry = entries[digests[u]]
+                if not entry.ref:
+                    out += entry.pages
+        return out
 
     @property
     def evictable_pages(self) -> int:

@@ -43,9 +43,13 @@ def check_index(index: PrefixIndex) -> None:
         units += n
         held += run.held
         tenant[run.tenant] = tenant.get(run.tenant, 0) + n * index.node_kv_bytes
+    for cache in index.sliding:
+        for entry in cache.entries.values():
+            for p in entry.pages:
+                registered[p // ppb] += 1
     assert len(pages) == len(set(pages)), "a page registered twice"
     assert all(arena._live[1][p] for p in pages), "a registered page is free in the arena"
-    assert index._registered == registered, "registered pages per block"
+    assert index._registered == registered, "registered pages per block (full and sliding)"
     assert index._held_runs == {r for r in index.heads.values() if r.held}, "held runs"
     assert index.kv_units == units, "unit counter"
     assert sum(r.held for r in index._held_runs) == held, "held units"

@@ -256,7 +256,7 @@ class HybridCacheManager(SavePointControl):
         page_units = max(-(-end // self.unit) - held, 0)
         slots = (first + num_draft) if self.has_state else 0
         coord = self.coordinator
-        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord and hit else 0
+        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord and hit else ()
         if not (self._fits(page_units, slots, hit[2], hit[3], slide_hold) if hit is not None
                 else self._fits(page_units, slots)):
             raise OutOfSpaceError(

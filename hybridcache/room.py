@@ -59,7 +59,7 @@ class Room:
 
     def fits(
         self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None,
-        slide_hold: int = 0,
+        slide_hold: Sequence[int] = (),
     ) -> bool:
         """See :func:`fits`."""
         pages, ppb = page_units * self.groups, self.ppb
@@ -83,14 +83,14 @@ def fits(
     slots: int,
     holds: Sequence[Hold] = (),
     restore: UnitHandle | None = None,
-    slide_hold: int = 0,
+    slide_hold: Sequence[int] = (),
 ) -> bool:
     """Whether ``slots`` state slots, then ``page_units`` units of KV pages (one page per
     attention group each, sliding-window groups included), can be allocated with eviction
-    once ``holds`` are held, ``restore``'s snapshot is pinned and ``slide_hold`` evictable
-    sliding-window pages (a first allocation's hit window) are held (module docstring).
-    Unheld sliding-window pages count as evictable pages: eviction takes them (last) in
-    the page phase, and in the slot phase when a block is one page. Changes nothing."""
+    once ``holds`` are held, ``restore``'s snapshot is pinned and the evictable
+    sliding-window pages ``slide_hold`` (a first allocation's hit window) are held (module
+    docstring). Unheld sliding-window pages count as evictable pages (eviction takes them
+    last), and a slab is unpinned only if its sliding pages are unheld too. Changes nothing."""
     arena = index.arena
     lay = arena.layout
     sliding = index.sliding
@@ -115,7 +115,7 @@ def fits(
             extra_held += end - run.held
     ev_pages = (index.kv_units - held_units - extra_held) * index.kv_groups
     if sliding:
-        ev_pages += sum(c.evictable_pages for c in sliding) - slide_hold
+        ev_pages += sum(c.evictable_pages for c in sliding) - len(slide_hold)
     if spb > 1:  # small state: a block is one page
         if slots > arena.free_slot_entries + ev_snaps + spb * (free_blocks + ev_pages):
             return False
@@ -125,7 +125,7 @@ def fits(
     if slots:
         supply = free_blocks + ev_snaps
         if slots > supply:
-            supply += ev_pages if ppb <= 1 else _unpinned_slabs(index, holds)
+            supply += ev_pages if ppb <= 1 else _unpinned_slabs(index, holds, slide_hold)
             if slots > supply:
                 return False
     if not pages:
@@ -134,8 +134,9 @@ def fits(
     return pages <= page_supply
 
 
-def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold]) -> int:
-    """KV slabs whose every page is registered and unheld once ``holds`` are held too."""
+def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold], slide_hold: Sequence[int] = ()) -> int:
+    """KV slabs whose every page is registered and unheld once ``holds`` and the sliding
+    pages ``slide_hold`` are held too."""
     ev = index.evictor
     if ev.pinned_stale:
         ev.find_pinned()
@@ -143,6 +144,8 @@ def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold]) -> int:
     for run, end in holds:
         for starts, blocks in run.segs:
             pinned.update(blocks[: bisect_left(starts, end)])
+    ppb = max(index.arena.layout.pages_per_block, 1)
+    pinned.update(p // ppb for p in slide_hold)
     arena, reg = index.arena, index._registered
     used = arena.used_per_block
     return sum(

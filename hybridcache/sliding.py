@@ -26,7 +26,7 @@ is evicted its sliding pages go too (no path can reach the unit any more).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
@@ -84,6 +84,10 @@ class SlidingWindowCache:
         self.entries: dict[bytes, SlidingUnit] = {}
         #: The entries with ``ref == 0``, oldest release first (invariant: exactly those).
         self.lru: OrderedDict[bytes, SlidingUnit] = OrderedDict()
+        #: The entries with ``ref > 0`` (invariant: exactly those): their blocks are pinned
+        #: for a slot allocation (hybridcache.eviction), as a held run prefix's are.
+        self.held: dict[bytes, SlidingUnit] = {}
+        self._ppb = max(index.arena.layout.pages_per_block, 1)
         self.evictions = 0
 
     # ------------------------------------------------------------------ the hit rule
@@ -118,6 +122,8 @@ class SlidingWindowCache:
     def hold(self, entry: SlidingUnit) -> None:
         if not entry.ref:
             del self.lru[entry.digest]
+            self.held[entry.digest] = entry
+            self.index.evictor.pinned_stale = True
         entry.ref += 1
 
     def release(self, entry: SlidingUnit) -> None:
@@ -125,15 +131,22 @@ class SlidingWindowCache:
         if entry.ref < 0:
             raise AssertionError(f"negative ref on {entry}")
         if not entry.ref:
+            del self.held[entry.digest]
             self.lru[entry.digest] = entry  # the newest release: evicted last
+            self.index.evictor.pinned_stale = True
 
     def register(self, digest: bytes, depth: int, tenant: str | None, pages: tuple[int, ...]) -> SlidingUnit | None:
         """Cache ``pages`` as the unit's sliding pages, held by the caller (``ref == 1``);
         ``None`` if the unit has cached sliding pages already (the caller keeps its own)."""
         if digest in self.entries:
             return None
-        entry = self.entries[digest] = SlidingUnit(digest, depth, tenant, pages)
-        self.index.version += 1
+        entry = self.entries[digest] = self.held[digest] = SlidingUnit(digest, depth, tenant, pages)
+        index = self.index
+        index.version += 1
+        index.evictor.pinned_stale = True
+        reg, ppb = index._registered, self._ppb
+        for p in pages:
+            reg[p // ppb] += 1
         events = self.index.events
         if events is not None:
             events.append(CacheEvent(
@@ -147,8 +160,9 @@ class SlidingWindowCache:
         assert not entry.ref, "evict of a held sliding entry"
         del self.entries[entry.digest]
         del self.lru[entry.digest]
-        free_page = self.arena.free_page
+        free_page, reg, ppb = self.arena.free_page, self.index._registered, self._ppb
         for p in entry.pages:
+            reg[p // ppb] -= 1
             free_page(p)
         self.evictions += 1
         self.index.version += 1
@@ -159,12 +173,25 @@ class SlidingWindowCache:
                 (entry.pages,),
             ))
 
-    def evict_oldest(self) -> bool:
-        """Evict the entry released longest ago; False when none is evictable."""
-        if not self.lru:
-            return False
-        self.evict(next(iter(self.lru.values())))
-        return True
+    def evict_oldest(self, pred: Callable[[tuple[int, ...]], bool] | None = None) -> bool:
+        """Evict the entry released longest ago (whose pages satisfy ``pred``, if given: a
+        slot allocation wants pages of slabs it can empty); False when there is none."""
+        if pred is None:
+            if not self.lru:
+                return False
+            self.evict(next(iter(self.lru.values())))
+            return True
+        for entry in self.lru.values():
+            if pred(entry.pages):
+                self.evict(entry)
+                return True
+        return False
+
+    def pinned_blocks(self, out: set[int]) -> None:
+        """Add the blocks of the held entries' pages to ``out``."""
+        ppb = self._ppb
+        for entry in self.held.values():
+            out.update(p // ppb for p in entry.pages)
 
     def drop_unit(self, digest: bytes) -> None:
         """The unit's full KV was evicted: no path reaches it, so its sliding pages (which
@@ -181,4 +208,5 @@ class SlidingWindowCache:
         assert all(self.arena._live[1][p] for p in pages), "a cached sliding page is free"
         assert all(len(e.pages) == self.groups and e.ref >= 0 for e in self.entries.values())
         assert {d for d, e in self.entries.items() if not e.ref} == set(self.lru), "evictable queue"
+        assert {d for d, e in self.entries.items() if e.ref} == set(self.held), "held entries"
         assert all(self.entries.get(d) is e for d, e in self.lru.items())

@@ -1,0 +1,125 @@
+"""Sliding-window groups: the hit rule, the fixed point, the window bound, the one budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from tests.core.conftest import tiny_spec
+from tests.core.fingerprint import fingerprint
+
+U = 4
+
+
+def _manager(window: int, state: bool = False, pages: int | None = None, admission: str = "last-token"):
+    spec = tiny_spec(state=state, window=window, max_len=1 << 16)
+    cfg = CacheConfig(hash_unit=U, admission=admission)
+    if pages is None:
+        return HybridCacheManager(spec, 1 << 22, cfg)
+    probe = HybridCacheManager(spec, 1 << 30, cfg)
+    blocks = -(-pages // probe.layout.pages_per_block)
+    return HybridCacheManager(spec, blocks * probe.layout.block_bytes, cfg)
+
+
+def _serve(m: HybridCacheManager, rid: str, tokens: list[int]) -> None:
+    res = m.add_request(rid, tokens)
+    m.allocate(rid, len(tokens) - res.hit_tokens)
+    m.commit(rid, len(tokens))
+    m.free(rid)
+
+
+@pytest.mark.parametrize(
+    "window,missing,want",
+    [
+        (9, set(), 10),  # reach 2 = ceil(8 / 4)
+        (9, {7}, 10),  # units 8, 9 are the window of end 10; ceil(9 / 4) = 3 would need 7
+        (9, {8}, 8),  # end 10 lacks unit 8; end 8 has units 6, 7
+        (9, {7, 8}, 7),  # ends 10, 9, 8 lack a unit; end 7 has 5, 6
+        (5, {8}, 10),  # reach 1 = ceil(4 / 4): a window of 5 tokens reads one unit back
+        (5, {9}, 9),
+        (14, {0}, 10),  # reach 4: units 6..9
+        (14, {6}, 6),  # units 2..5 (ends 10, 9, 8, 7 all read unit 6)
+        (14, {3, 6}, 3),  # end 6 lacks unit 3; end 3 reads all of [0, 3), cut at the start
+    ],
+)
+def test_window_rule(window, missing, want):
+    """A hit end ``e`` needs the units ``[e - ceil((window - 1) / unit), e)`` (the exact
+    token rule): dropping a unit's sliding pages removes exactly the ends that read it."""
+    m = _manager(window)
+    tokens = list(range(41))
+    _serve(m, "a", tokens)
+    cache = m.coordinator.caches[0]
+    m.add_request("probe", tokens + [1])
+    digests = m.requests["probe"].hasher.digests
+    assert len(cache.entries) == 10  # stateless: every registered unit stays cached
+    for u in missing:
+        cache.evict(cache.entries[digests[u]])
+    m.free("probe")
+    assert m.add_request("b", tokens + [1]).hit_tokens == want * U
+    m.check_invariants()
+
+
+def test_fixed_point_with_snapshots():
+    """With state, a hit needs a snapshot at its end and the window before it: the
+    coordinator lowers the length until the snapshot and the window cache agree."""
+    m = _manager(9, state=True, admission="interval:16+last-token")
+    tokens = list(range(37))
+    _serve(m, "a", tokens)
+    cache = m.coordinator.caches[0]
+    m.add_request("p", tokens)
+    digests = m.requests["p"].hasher.digests
+    # Snapshots at units 4, 8, 9 keep the windows [2, 4), [6, 8), [7, 9); the rest was
+    # evicted when the request moved on (no hit could read it).
+    assert sorted(e.depth for e in cache.entries.values()) == [2, 3, 6, 7, 8]
+    assert m.match("p").hit_tokens == 36
+    m.free("p")
+    cache.evict(cache.entries[digests[8]])
+    assert m.add_request("q", tokens).hit_tokens == 32  # end 9 lacks unit 8
+    m.free("q")
+    cache.evict(cache.entries[digests[7]])
+    # End 8 lacks unit 7 too; the window search stops at end 4 and the snapshot there serves.
+    assert m.add_request("r", tokens).hit_tokens == 16
+    m.check_invariants()
+
+
+def test_long_request_holds_only_its_window():
+    """A request far longer than the arena could hold with every sliding page kept runs
+    to the end: pages older than its window are released as it advances, and eviction takes
+    them, while its full-attention pages stay."""
+    window, pages = 16, 96
+    m = _manager(window, pages=pages)
+    reach = -(-(window - 1) // U)
+    n_units = pages - reach - 4  # full pages + the window + one step: fits only if released
+    assert 2 * n_units > m.layout.num_pages
+    m.add_request("long", list(range(n_units * U)))
+    done = 0
+    while done < n_units * U:
+        a = m.allocate("long", min(8, n_units * U - done))
+        done += a.num_tokens
+        m.commit("long", done)
+        track = m.requests["long"].slide[0]
+        live = sum(1 for p in track.tables[0] if p >= 0)
+        assert live <= reach + 2, "more sliding pages kept than the window and the step"
+        m.check_invariants()
+    assert m.coordinator.caches[0].evictions > 0  # old windows were taken back
+    m.free("long")
+    m.check_invariants()
+
+
+def test_refused_allocate_with_a_sliding_group_changes_nothing():
+    """A first allocation whose hit window would be held and that asks for more than
+    evicting everything gives: every observable and internal count is left as it was."""
+    m = _manager(9, state=True, pages=64, admission="last-token+turn-end")
+    for k in range(4):
+        _serve(m, f"w{k}", list(range(100 * k, 100 * k + 21)))
+    assert m.coordinator.evictable_pages
+    m.add_request("run", list(range(5000, 5013)))
+    m.allocate("run", 13)
+    m.add_request("big", list(range(300, 321)) + list(range(9000, 9000 + m.layout.num_pages * U)))
+    assert m.match("big").hit_tokens > 0  # its hit would hold sliding pages
+    before = fingerprint(m)
+    with pytest.raises(OutOfSpaceError):
+        m.allocate("big", m.layout.num_pages * U)
+    assert fingerprint(m) == before
+    m.check_invariants()
