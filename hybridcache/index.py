@@ -40,6 +40,7 @@ from hybridcache.runs import (
     shift_blocks,
     split,
     truncate_holds,
+    uncached_stretch,
 )
 from hybridcache.sliding import SlidingWindowCache
 from hybridcache.unit_view import UnitView
@@ -349,19 +350,8 @@ class PrefixIndex:
             to the last of them, and how many were registered; ``None`` if none was (unit
             ``first`` has KV already).
         """
-        # A unit past ``first`` that has KV is the first unit of a run (its unit before,
-        # ours, has none), so only run heads can cut the registration short.
         heads = self.heads
-        if isinstance(digests, list):
-            ds = digests[first:end]
-            if not heads.keys().isdisjoint(ds):
-                ds = ds[: next(k for k, d in enumerate(ds) if d in heads)]
-        else:
-            ds = []
-            for i in range(first, end):
-                if digests[i] in heads:
-                    break
-                ds.append(digests[i])
+        ds = uncached_stretch(heads, digests, first, end)
         if not ds:
             return None
         run = self._extendable(after, digests, first, flops)

@@ -38,6 +38,7 @@ from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import check_eviction_name
+from hybridcache.registration import CommitRegistrar
 from hybridcache.requests import Request
 from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
@@ -55,6 +56,12 @@ class _Undo:
     def __init__(self) -> None:
         self.pages: list[int] = []
         self.slots: list[int] = []
+
+    def give_back(self, arena: Arena) -> None:
+        for p in self.pages:
+            arena.free_page(p)
+        for s in self.slots:
+            arena.free_slot(s)
 
 
 #: A request's match as its first allocation applies it: ``(kv_units, units, holds,
@@ -111,6 +118,7 @@ class HybridCacheManager(SavePointControl):
         # than a KV page, so eviction does not keep snapshots whose prefix it drops.
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
+        self._registrar = CommitRegistrar(self)  # what a commit registers
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -230,19 +238,7 @@ class HybridCacheManager(SavePointControl):
         num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
         num_draft = validation.as_count(num_draft, "num_draft")
         req = self._get(request_id)
-        if num_new_tokens <= 0:
-            raise InvalidRequestError(f"request {request_id!r}: num_new_tokens must be > 0")
-        if not 0 <= num_draft < num_new_tokens:
-            raise InvalidRequestError(
-                f"request {request_id!r}: num_draft must be in [0, {num_new_tokens - 1}]"
-            )
-        if req.draft_slots:
-            raise InvalidRequestError(f"request {request_id!r}: accept() the drafts first")
-        if req.allocated and req.num_allocated != req.num_computed:
-            raise InvalidRequestError(
-                f"request {request_id!r}: commit the {req.num_allocated - req.num_computed} "
-                "allocated tokens before allocating more"
-            )
+        req.check_step(num_new_tokens, num_draft)
         first = not req.allocated
         hit = self._hit(req) if first else None
         start = hit[1] * self.unit if hit is not None else req.num_allocated
@@ -273,16 +269,9 @@ class HybridCacheManager(SavePointControl):
             if num_draft and self.has_state:
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
-            new_pages = self._alloc_pages(req, end, undo)
-            if coord is not None:
-                slide_new = coord.alloc_pages(max(-(-end // self.unit) - req.units_allocated, 0), undo.pages)
-                if slide_new is None:
-                    raise OutOfSpaceError("no KV page can be freed: every page is in use")
+            new_pages, slide_new = self._alloc_pages(req, end, undo)
         except OutOfSpaceError:  # pragma: no cover - the count above rules it out
-            for p in undo.pages:
-                self.arena.free_page(p)
-            for s in undo.slots:
-                self.arena.free_slot(s)
+            undo.give_back(self.arena)
             if first:
                 self._rollback_first(req)
             raise
@@ -290,7 +279,7 @@ class HybridCacheManager(SavePointControl):
             table.extend(pages)
         block_table = {g: list(t) for g, t in zip(self.groups, req.pages)}
         if coord is not None:
-            coord.extend(req, slide_new)
+            coord.extend(req, slide_new)  # type: ignore[arg-type]
             block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
@@ -362,8 +351,9 @@ class HybridCacheManager(SavePointControl):
         undo.slots.append(s)
         return s
 
-    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> list[list[int]]:
-        """Pages, per group, for the units up to token ``end`` that have none yet.
+    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> tuple[list[list[int]], list | None]:
+        """Pages, per group, for the units up to token ``end`` that have none yet: the full
+        groups', then the sliding-window groups' (``None`` without a coordinator).
 
         The caller appends them to the request only once the whole step has succeeded.
         """
@@ -375,7 +365,12 @@ class HybridCacheManager(SavePointControl):
             if len(pages) < n:
                 raise OutOfSpaceError("no KV page can be freed: every page is in use")
             new.append(pages)
-        return new
+        if self.coordinator is None:
+            return new, None
+        slide = self.coordinator.alloc_pages(max(n, 0), undo.pages)
+        if slide is None:
+            raise OutOfSpaceError("no KV page can be freed: every page is in use")
+        return new, slide
 
     def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
         wanted = admission_points(self.admission, req, start, end, self.unit)
@@ -457,10 +452,10 @@ class HybridCacheManager(SavePointControl):
         if not req.counted:
             self._count_request(req)
         req.num_computed = n
-        self._register_units(req, min(n, req.num_tokens) // self.unit)
+        self._registrar.register_units(req, min(n, req.num_tokens) // self.unit)
         if req.saves:
             for b in sorted(b for b in req.saves if b <= n and b <= req.num_tokens):
-                self._register_snapshot(req, b, req.saves.pop(b))
+                self._registrar.register_snapshot(req, b, req.saves.pop(b))
         if self.coordinator is not None:
             self.coordinator.advance(req, n)
 
@@ -477,87 +472,6 @@ class HybridCacheManager(SavePointControl):
         m.prefill_flops += f(0, req.prompt_len)
         m.prefill_flops_saved += f(0, req.hit_tokens)
         self.index.count_hits(req.hit_holds)
-
-    def _register_units(self, req: Request, full_units: int) -> None:
-        index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        registered, i = 0, req.units
-        while i < full_units:
-            if index.has_kv_at(digests, i, req.held_run(i - 1) if i else None):
-                # Cached already (past a snapshot-limited hit, or computed meanwhile by
-                # another request): keep our private pages, hold the cached ones.
-                j, path = index.kv_path(digests, full_units)  # exact: walked from unit 0
-                dups = [(run, end) for run, end in path if run.first + end > i]
-                index.hold_runs(dups)
-                req.holds += dups
-                req.dup_pages.extend(range(i, j))
-                i = req.units = j
-                continue
-            end = full_units
-            if quota is not None:
-                room = (quota - index.tenant_bytes.get(req.tenant, 0)) // index.node_kv_bytes
-                if room <= 0:
-                    self.metrics.quota_rejections += 1
-                    break
-                end = min(end, i + room)
-            # Depth-independent value: a prefix's head must never rank below its tail,
-            # or value eviction drops heads first and strands unreachable tails.
-            last = req.holds[-1] if req.holds else None
-            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops, last)
-            assert got is not None, "unit without KV registered by no one"
-            hold, n = got
-            if last is not None and hold[0] is last[0]:
-                req.holds[-1] = hold  # the new units extended the run we held
-            else:
-                req.holds.append(hold)
-            i = req.units = i + n
-            registered += n * len(req.pages)
-        self.metrics.kv_pages_registered += registered
-
-    def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
-        index, u = self.index, boundary // self.unit - 1
-        if u >= req.units:  # not registered by this request: no KV it holds
-            self.arena.free_slot(slot)
-            return
-        node = index.handles.get(req.hasher.digests[u])
-        run = node.run if node is not None else req.held_run(u)
-        if run is None or (node is not None and node.snap >= 0):
-            self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
-            return
-        quota = self._quota(req.tenant)
-        if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
-            self.metrics.quota_rejections += 1
-            self.arena.free_slot(slot)
-            return
-        if node is None:
-            node = index.handle(run, u - run.first)
-        prev = req.last_snapshot_boundary(boundary)
-        flops = self.spec.flops.prefill_flops(prev, boundary)
-        self.index.register_snapshot(node, slot, min(flops, self._snap_flops_cap), self.tick)
-        self.metrics.snapshots_saved += 1
-
-    def _demote_prompt_end(self, req: Request, turn_end: int) -> None:
-        """Rank an unused prompt-end snapshot last once the turn-end one is cached.
-
-        The next turn resumes from the turn end, so the prompt-end state only serves a
-        repeat of the same prompt: it stays cached while memory is free (requests running
-        concurrently with the same prompt need it) and goes first under pressure. Branch
-        points (the prompt was a repeat already) keep their rank.
-        """
-        b = (req.prompt_len - 1) // self.unit * self.unit
-        if not 0 < b < turn_end <= req.units * self.unit or req.kv_hit_tokens >= b:
-            return
-        get, digests = self.index.handles.get, req.hasher.digests
-        node, end_node = get(digests[b // self.unit - 1]), get(digests[turn_end // self.unit - 1])
-        if node is None or end_node is None:
-            return
-        if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
-            self.index.demote_snapshot(node)
-
-    def _quota(self, tenant: str | None) -> int | None:
-        q = self.config.tenant_quotas
-        if not q:
-            return None
-        return q.get(tenant if tenant is not None else "", q.get("*"))
 
     def accept(self, request_id: str, num_accepted: int) -> None:
         """Speculative decoding: keep the first ``num_accepted`` computed inputs of the step.
@@ -631,8 +545,8 @@ class HybridCacheManager(SavePointControl):
         rb = req.rolling_boundary
         if req.rolling_slot >= 0:
             if finished and 0 < rb <= min(req.num_computed, req.num_tokens):
-                self._register_snapshot(req, rb, req.rolling_slot)
-                self._demote_prompt_end(req, rb)
+                self._registrar.register_snapshot(req, rb, req.rolling_slot)
+                self._registrar.demote_prompt_end(req, rb)
             else:
                 self.arena.free_slot(req.rolling_slot)
         if req.slot >= 0:
