@@ -500,6 +500,8 @@ class PrefixIndex:
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
+        for cache in self.sliding:  # the window before it may serve no hit now
+            cache.snapshot_evicted(node, self.handles)
         if node.run is None:
             del self.handles[node.digest]
             del self.bare[node.digest]

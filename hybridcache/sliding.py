@@ -32,7 +32,9 @@ from typing import TYPE_CHECKING
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hybridcache.index import PrefixIndex
+    from collections.abc import Mapping
+
+    from hybridcache.index import PrefixIndex, UnitHandle
 
 #: The event kind of sliding-window pages (``"kv"`` is full attention's, ``"state"`` a
 #: snapshot's): a consumer that stores KV by unit must not take these for a unit's KV.
@@ -186,6 +188,29 @@ class SlidingWindowCache:
                 self.evict(entry)
                 return True
         return False
+
+    def snapshot_evicted(self, node: UnitHandle, handles: Mapping[bytes, UnitHandle]) -> None:
+        """A snapshot at the end of ``node``'s unit was evicted (models with state): unheld
+        entries of its window that no other snapshot end reads are evicted too (they could
+        only serve hits ending there). Ends past ``node``'s run are not known from here: an
+        entry that such an end might read stays."""
+        run, reach = node.run, self.reach
+        if run is None or not reach:
+            return
+        digests, first, end = run.digests, run.first, node.depth + 1
+        entries = self.entries
+        for u in range(max(end - reach, first), end):
+            entry = entries.get(digests[u - first])
+            if entry is None or entry.ref:
+                continue
+            top = u + reach  # the deepest end that reads unit u
+            if top > first + len(digests):
+                continue
+            if not any(
+                (h := handles.get(digests[e - 1 - first])) is not None and h.snap >= 0
+                for e in range(u + 1, top + 1)  # its own snapshot is gone already
+            ):
+                self.evict(entry)
 
     def pinned_blocks(self, out: set[int]) -> None:
         """Add the blocks of the held entries' pages to ``out``."""

@@ -123,3 +123,21 @@ def test_refused_allocate_with_a_sliding_group_changes_nothing():
         m.allocate("big", m.layout.num_pages * U)
     assert fingerprint(m) == before
     m.check_invariants()
+
+
+def test_evicting_a_snapshot_evicts_the_window_only_it_read():
+    """Snapshots at units 4, 8, 9 keep the windows [2, 4), [6, 8), [7, 9). Once the one
+    at 8 goes, unit 6 serves no hit end (7 has no snapshot) and goes with it; unit 7 still
+    serves end 9 and stays."""
+    m = _manager(9, state=True, admission="interval:16+last-token")
+    tokens = list(range(37))
+    _serve(m, "a", tokens)
+    cache = m.coordinator.caches[0]
+    m.add_request("p", tokens)
+    digests = m.requests["p"].hasher.digests
+    m.free("p")
+    assert sorted(e.depth for e in cache.entries.values()) == [2, 3, 6, 7, 8]
+    m.index.evict_snapshot(m.index.handles[digests[7]])
+    assert sorted(e.depth for e in cache.entries.values()) == [2, 3, 7, 8]
+    m.check_invariants()
+    assert m.add_request("q", tokens).hit_tokens == 36
