@@ -141,3 +141,35 @@ def test_evicting_a_snapshot_evicts_the_window_only_it_read():
     assert sorted(e.depth for e in cache.entries.values()) == [2, 3, 7, 8]
     m.check_invariants()
     assert m.add_request("q", tokens).hit_tokens == 36
+
+
+@pytest.mark.parametrize("extra_blocks", range(0, 6))
+def test_slot_count_with_a_held_window_agrees_with_the_take(extra_blocks):
+    """No free block and no evictable snapshot: a first allocation's slot can only come
+    from emptying a slab, and the slabs holding its hit's window do not count (the hit
+    would pin them). At every arena size the count either refuses with nothing changed, or
+    says yes and the take succeeds."""
+    probe = _manager(9, state=True)
+    lay = probe.layout
+    assert lay.pages_per_block > 1  # slots need a whole empty block
+    spec = tiny_spec(state=True, window=9, max_len=1 << 16)
+    cfg = CacheConfig(hash_unit=U, admission="last-token")
+    m = HybridCacheManager(spec, (3 + extra_blocks) * lay.block_bytes, cfg)
+    _serve(m, "a", list(range(21)))  # a snapshot at 20 and the window [3, 5) before it
+    # A running request takes every free block (its pages stay private: not evictable).
+    m.add_request("fill", list(range(5000, 5001 + 4 * lay.pages_per_block * (1 + extra_blocks))))
+    while m.arena._free_blocks:
+        try:
+            m.allocate("fill", U)
+        except OutOfSpaceError:
+            break
+        m.commit("fill", m.requests["fill"].num_allocated)
+    m.add_request("c", list(range(21)) + [900, 901, 902])  # one unit past the hit
+    before = fingerprint(m)
+    try:
+        a = m.allocate("c", 4)
+    except OutOfSpaceError:
+        assert fingerprint(m) == before
+    else:
+        assert a.hit_tokens == 20
+    m.check_invariants()
