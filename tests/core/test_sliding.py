@@ -173,3 +173,32 @@ def test_slot_count_with_a_held_window_agrees_with_the_take(extra_blocks):
     else:
         assert a.hit_tokens == 20
     m.check_invariants()
+
+
+def test_port_shows_sliding_groups_and_events():
+    """Through the engine port: the sliding group is an attention group with its block
+    table (``-1`` below the window), and its pages come out of the event stream with kind
+    ``"sliding"`` (never ``"kv"``, which a tier would store as a unit's KV)."""
+    from hybridcache.events import REMOVED, STORED
+    from hybridcache.port import EnginePort
+    from hybridcache.sliding import SLIDING
+
+    m = _manager(9)
+    port = EnginePort(m)
+    assert port.attention_groups == ("attn", "swa")
+    m.add_request("a", list(range(40)))
+    a = m.allocate("a", 40)
+    m.commit("a", 40)
+    tables = port.block_tables("a")
+    assert tables["attn"] == a.block_table["attn"]
+    assert tables["swa"][:8] == [-1] * 8 and tables["swa"][8:] == a.block_table["swa"][8:]
+    events = port.take_events()
+    kv = [e for e in events if e.kind == "kv"]
+    slide = [e for e in events if e.kind == SLIDING]
+    assert all(e.groups == ("attn",) for e in kv) and sum(len(e.digests) for e in kv) == 10
+    assert [e.depth for e in slide if e.action == STORED] == list(range(10))
+    assert all(e.groups == ("swa",) for e in slide)
+    m.free("a")
+    port.clear()
+    removed = [e for e in port.take_events() if e.action == REMOVED]
+    assert sorted(e.depth for e in removed if e.kind == SLIDING) == list(range(10))
