@@ -216,7 +216,10 @@ class GroupCoordinator:
         find them later.
         """
         free_page = self.index.arena.free_page
-        keep = self._snapshot_reach(c, req, lo, hi) if self.has_state else None
+        if not c.reach:  # a window of one token: no hit reads an older unit
+            keep: list[bool] | None = [False] * (hi - lo)
+        else:
+            keep = self._snapshot_reach(c, req, lo, hi) if self.has_state else None
         held = tr.held
         for u in range(lo, hi):
             entry = held.pop(u, None)

@@ -202,3 +202,13 @@ def test_port_shows_sliding_groups_and_events():
     port.clear()
     removed = [e for e in port.take_events() if e.action == REMOVED]
     assert sorted(e.depth for e in removed if e.kind == SLIDING) == list(range(10))
+
+
+def test_one_token_window_caches_no_sliding_pages():
+    """A layer that reads only its own token needs no older KV: nothing is kept, and every
+    full-KV length is a hit."""
+    m = _manager(1)
+    _serve(m, "a", list(range(41)))
+    assert not m.coordinator.caches[0].entries
+    assert m.add_request("b", list(range(41))).hit_tokens == 40
+    m.check_invariants()
