@@ -83,7 +83,13 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
                     held_blocks.add(p // ppb)
             if ref == 0:
                 if m.config.eviction == "value":
-                    free.append(index.kv_q.unit_priority(run, pos))
+                    if pos == len(run) - 1 and run.qseq and index._stranded_tail(run):
+                        # A stranded tail is ranked at the clock as it was when queued
+                        # (below every entry); the clock may have moved since, past a
+                        # victim taken while this tail sat in a pinned slab.
+                        free.append(run.qprio)
+                    else:
+                        free.append(index.kv_q.unit_priority(run, pos))
     for cache in index.sliding:  # sliding pages count as registered; held ones pin
         for e in cache.entries.values():
             for p in e.pages:
