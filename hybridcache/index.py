@@ -161,9 +161,8 @@ class PrefixIndex:
         # are cached apart (hybridcache.sliding), in ``sliding``.
         self._kv_groups = tuple(lay.page_payload) if kv_groups is None else tuple(kv_groups)
         self.kv_groups = len(self._kv_groups)  # pages per KV unit
-        #: The sliding-window caches (hybridcache.sliding; empty for models without sliding
-        #: windows): a unit whose full KV is evicted loses its sliding pages too, and the
-        #: evictor takes their unheld entries when nothing else is evictable.
+        #: The sliding-window caches (hybridcache.sliding; none without sliding windows): a
+        #: unit whose full KV is evicted loses its sliding pages too.
         self.sliding: list[SlidingWindowCache] = []
         self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
         #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
