@@ -81,15 +81,17 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
                 registered[p // ppb] += 1
                 if ref:
                     held_blocks.add(p // ppb)
-            if ref == 0:
-                if m.config.eviction == "value":
-                    if pos == len(run) - 1 and run.qseq and index._stranded_tail(run):
-                        # A stranded tail is ranked at the clock as it was when queued
-                        # (below every entry); the clock may have moved since, past a
-                        # victim taken while this tail sat in a pinned slab.
+            if ref == 0 and m.config.eviction == "value":
+                if run.qseq and index._stranded_tail(run):
+                    # A stranded tail is ranked at the clock as it was when queued; the
+                    # clock can move past it (a slot allocation takes victims only from
+                    # unpinned slabs, not the global lowest), and then above units before
+                    # it, which the run queue ranks only once the tail is gone: the queue
+                    # offers the tail at its queued rank.
+                    if pos == len(run) - 1:
                         free.append(run.qprio)
-                    else:
-                        free.append(index.kv_q.unit_priority(run, pos))
+                else:
+                    free.append(index.kv_q.unit_priority(run, pos))
     for cache in index.sliding:  # sliding pages count as registered; held ones pin
         for e in cache.entries.values():
             for p in e.pages:
