@@ -173,16 +173,17 @@ class GroupCoordinator:
         digests, tenant = req.hasher.digests, req.tenant
         for c, tr in zip(self.caches, req.slide):
             held = tr.held
-            for u in range(max(tr.done, tr.lo), req.units):
+            new_lo = max((computed - c.window + 1) // self.unit, 0)
+            start = max(tr.done, tr.lo)
+            if new_lo > tr.lo:  # units in [start, new_lo) are registered as they are released
+                self._release(c, tr, req, tr.lo, new_lo, start, req.units)
+                tr.lo = new_lo
+            for u in range(max(start, new_lo), req.units):  # registered, still in the window
                 if u not in held:
                     entry = c.register(digests[u], u, tenant, tuple(t[u] for t in tr.tables))
                     if entry is not None:
                         held[u] = entry
             tr.done = max(tr.done, req.units)
-            new_lo = max((computed - c.window + 1) // self.unit, 0)
-            if new_lo > tr.lo:
-                self._release(c, tr, req, tr.lo, new_lo)
-                tr.lo = new_lo
 
     def trim(self, req: Request, keep_units: int) -> None:
         """Speculative decoding rolled back: free private pages past ``keep_units``."""
@@ -205,9 +206,14 @@ class GroupCoordinator:
                 c.release(entry)
         req.slide = []
 
-    def _release(self, c: SlidingWindowCache, tr: SlideTrack, req: Request, lo: int, hi: int) -> None:
-        """Let go of units ``[lo, hi)``: private pages are freed; held entries stay cached
-        (evictable) if a hit can still use them, else are evicted now.
+    def _release(
+        self, c: SlidingWindowCache, tr: SlideTrack, req: Request, lo: int, hi: int,
+        reg_lo: int = 0, reg_hi: int = 0,
+    ) -> None:
+        """Let go of units ``[lo, hi)``: private pages are freed, except those of units in
+        ``[reg_lo, reg_hi)`` (registered in full attention by this commit), which are cached
+        unheld as held entries are; held entries stay cached (evictable) if a hit can
+        still use them, else are evicted now.
 
         Without state every unit boundary with full KV is a possible hit end, so every
         released entry stays. With state a hit end needs a snapshot, so an entry stays
@@ -220,10 +226,16 @@ class GroupCoordinator:
             keep: list[bool] | None = [False] * (hi - lo)
         else:
             keep = self._snapshot_reach(c, req, lo, hi) if self.has_state else None
-        held = tr.held
+        held, digests = tr.held, req.hasher.digests
         for u in range(lo, hi):
             entry = held.pop(u, None)
             if entry is None:
+                if reg_lo <= u < reg_hi and (keep is None or keep[u - lo]):
+                    pages = tuple(t[u] for t in tr.tables)
+                    if c.register(digests[u], u, req.tenant, pages, held=False) is not None:
+                        for t in tr.tables:
+                            t[u] = -1
+                        continue  # the pages are the cache's now
                 for t in tr.tables:
                     p = t[u]
                     if p >= 0:

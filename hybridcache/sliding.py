@@ -137,15 +137,23 @@ class SlidingWindowCache:
             self.lru[entry.digest] = entry  # the newest release: evicted last
             self.index.evictor.pinned_stale = True
 
-    def register(self, digest: bytes, depth: int, tenant: str | None, pages: tuple[int, ...]) -> SlidingUnit | None:
-        """Cache ``pages`` as the unit's sliding pages, held by the caller (``ref == 1``);
-        ``None`` if the unit has cached sliding pages already (the caller keeps its own)."""
+    def register(
+        self, digest: bytes, depth: int, tenant: str | None, pages: tuple[int, ...], held: bool = True
+    ) -> SlidingUnit | None:
+        """Cache ``pages`` as the unit's sliding pages, held by the caller (``ref == 1``) or,
+        with ``held=False``, evictable at once (a unit the window has already left); ``None``
+        if the unit has cached sliding pages already (the caller keeps its own)."""
         if digest in self.entries:
             return None
-        entry = self.entries[digest] = self.held[digest] = SlidingUnit(digest, depth, tenant, pages)
+        entry = self.entries[digest] = SlidingUnit(digest, depth, tenant, pages)
         index = self.index
         index.version += 1
-        index.evictor.pinned_stale = True
+        if held:
+            self.held[digest] = entry
+            index.evictor.pinned_stale = True
+        else:
+            entry.ref = 0
+            self.lru[digest] = entry
         reg, ppb = index._registered, self._ppb
         for p in pages:
             reg[p // ppb] += 1
