@@ -129,6 +129,8 @@ class Evictor:
             held = run.held
             for starts, blocks in run.segs:
                 pinned.update(blocks[: bisect_left(starts, held)])
+        for cache in self._index.sliding:  # running requests' windows
+            cache.pinned_blocks(pinned)
         self.pinned = pinned
         self.pinned_stale = False
 
@@ -137,9 +139,22 @@ class Evictor:
         False when nothing is evictable."""
         choice = self.chooser.choose(None, [])  # no predicate: nothing is set aside
         if choice is None:
-            return False
+            return self._evict_sliding()
         self._drop(*choice, keep_slot=False)
         return True
+
+    def _evict_sliding(self, pred: PagesPred | None = None) -> bool:
+        """Last resort: the sliding-window page released longest ago (hybridcache.sliding).
+
+        Unheld sliding pages go with their unit's full KV when the policy evicts that; the
+        ones left are those of units whose full KV a running request still holds (a long
+        request's window moved on) or that serve a snapshot end, so they are taken only
+        once no ranked entry is left. Memory stays bounded: they are all evictable.
+        ``pred``: only pages of slabs a slot allocation can empty."""
+        for cache in self._index.sliding:
+            if cache.evict_oldest(pred):
+                return True
+        return False
 
     def _drop(self, kind: str, node: UnitHandle, keep_slot: bool) -> int:
         """Evict a chosen victim; returns its slot when ``keep_slot`` and it is a snapshot
@@ -184,6 +199,10 @@ class Evictor:
             while s is None:
                 choice = choose(pred, aside)
                 if choice is None:
+                    if self._evict_sliding(pred):
+                        if arena.may_have_slot():
+                            s = arena.alloc_slot()
+                        continue
                     return None
                 got = self._drop(*choice, keep_slot=True)
                 if got >= 0:

@@ -40,7 +40,9 @@ from hybridcache.runs import (
     shift_blocks,
     split,
     truncate_holds,
+    uncached_stretch,
 )
+from hybridcache.sliding import SlidingWindowCache
 from hybridcache.unit_view import UnitView
 
 __all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
@@ -124,6 +126,7 @@ class PrefixIndex:
         flops_per_byte_scale: float,
         marconi_alpha: float = 1.0,
         marconi_window: int = 64,
+        kv_groups: Sequence[str] | None = None,
     ) -> None:
         self.arena = arena
         #: The first unit of every run -> the run. A walk enters every run at its first
@@ -154,8 +157,13 @@ class PrefixIndex:
         #: engines, or seen by observers passed to a port); ``None``: not recorded.
         self.events: EventLog | None = None
         lay = arena.layout
-        self._kv_groups = tuple(lay.page_payload)
+        # The full-attention (and MLA) groups whose pages runs hold; sliding-window groups
+        # are cached apart (hybridcache.sliding), in ``sliding``.
+        self._kv_groups = tuple(lay.page_payload) if kv_groups is None else tuple(kv_groups)
         self.kv_groups = len(self._kv_groups)  # pages per KV unit
+        #: The sliding-window caches (hybridcache.sliding; none without sliding windows): a
+        #: unit whose full KV is evicted loses its sliding pages too.
+        self.sliding: list[SlidingWindowCache] = []
         self._state_groups = tuple(dict.fromkeys(p.group for p in lay.placements))
         #: Bytes of cached entries per tenant (invariant: the recount of runs and snapshots).
         self.tenant_bytes: dict[str | None, int] = {}
@@ -169,7 +177,7 @@ class PrefixIndex:
         self.evictions = {"kv": 0, "state": 0}
         self.evicted_bytes = {"kv": 0, "state": 0}
         lay = arena.layout
-        self.node_kv_bytes = lay.page_bytes * len(lay.page_payload)
+        self.node_kv_bytes = lay.page_bytes * self.kv_groups
         self.snap_bytes = lay.slot_bytes
         settings = PolicySettings(
             flops_per_byte_scale, self.node_kv_bytes, _snap_evictable, marconi_alpha, marconi_window
@@ -341,19 +349,8 @@ class PrefixIndex:
             to the last of them, and how many were registered; ``None`` if none was (unit
             ``first`` has KV already).
         """
-        # A unit past ``first`` that has KV is the first unit of a run (its unit before,
-        # ours, has none), so only run heads can cut the registration short.
         heads = self.heads
-        if isinstance(digests, list):
-            ds = digests[first:end]
-            if not heads.keys().isdisjoint(ds):
-                ds = ds[: next(k for k, d in enumerate(ds) if d in heads)]
-        else:
-            ds = []
-            for i in range(first, end):
-                if digests[i] in heads:
-                    break
-                ds.append(digests[i])
+        ds = uncached_stretch(heads, digests, first, end)
         if not ds:
             return None
         run = self._extendable(after, digests, first, flops)
@@ -457,6 +454,9 @@ class PrefixIndex:
             reg[p // ppb] -= 1
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
+        if self.sliding:  # no path reaches the unit's sliding pages any more
+            for cache in self.sliding:
+                cache.drop_unit(node.digest)
         if pos == 0:
             del self.heads[node.digest]
         tail = None
@@ -499,6 +499,8 @@ class PrefixIndex:
             self.arena.free_slot(slot)
         self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
+        for cache in self.sliding:  # the window before it may serve no hit now
+            cache.snapshot_evicted(node, self.handles)
         if node.run is None:
             del self.handles[node.digest]
             del self.bare[node.digest]

@@ -43,9 +43,13 @@ def check_index(index: PrefixIndex) -> None:
         units += n
         held += run.held
         tenant[run.tenant] = tenant.get(run.tenant, 0) + n * index.node_kv_bytes
+    for cache in index.sliding:
+        for entry in cache.entries.values():
+            for p in entry.pages:
+                registered[p // ppb] += 1
     assert len(pages) == len(set(pages)), "a page registered twice"
     assert all(arena._live[1][p] for p in pages), "a registered page is free in the arena"
-    assert index._registered == registered, "registered pages per block"
+    assert index._registered == registered, "registered pages per block (full and sliding)"
     assert index._held_runs == {r for r in index.heads.values() if r.held}, "held runs"
     assert index.kv_units == units, "unit counter"
     assert sum(r.held for r in index._held_runs) == held, "held units"
@@ -69,6 +73,11 @@ def check_index(index: PrefixIndex) -> None:
     assert index.snapshots == len(slots) and index.pinned_snapshots == pinned, "snapshot counters"
     have = {t: b for t, b in index.tenant_bytes.items() if b}
     assert have == {t: b for t, b in tenant.items() if b}, "bytes per tenant"
+    sliding_pages: list[int] = []
+    for cache in index.sliding:
+        cache.check_invariants()
+        sliding_pages += [p for e in cache.entries.values() for p in e.pages]
+    assert not set(sliding_pages) & set(pages), "a page cached as full and sliding KV"
 
 
 def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: int = 0) -> None:
@@ -79,7 +88,17 @@ def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: in
     check_index(index)
     pages = [p for run in index.heads.values() for g in run.pages for p in g]
     slots = [n.snap for n in index.handles.values() if n.snap >= 0]
+    refs: dict[int, int] = {}  # id(sliding entry) -> live requests holding it
+    for cache in index.sliding:
+        pages += [p for e in cache.entries.values() for p in e.pages]
     for req in m.requests.values():
+        for cache, track in zip(index.sliding, req.slide):
+            pages += track.private_pages()
+            for u, e in track.held.items():
+                assert cache.entries.get(e.digest) is e, "a request holds an evicted sliding entry"
+                assert track.lo <= u and all(t[u] == p for t, p in zip(track.tables, e.pages))
+                refs[id(e)] = refs.get(id(e), 0) + 1
+            assert all(p == -1 for t in track.tables for p in t[: track.lo]), "a released page kept"
         for t in req.pages:
             pages += t[req.units : req.units_allocated]
             pages += [t[i] for i in req.dup_pages]
@@ -88,6 +107,8 @@ def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: in
             slots.append(req.pending_rolling[1])
         slots += req.draft_slots
         slots += req.saves.values()
+    for cache in index.sliding:
+        assert all(e.ref == refs.get(id(e), 0) for e in cache.entries.values()), "sliding refs"
     assert len(pages) == len(set(pages)), "a page shared"
     assert len(pages) + engine_pages == m.arena.pages_in_use, "a page leaked"
     assert len(slots) == len(set(slots)), "a slot shared"

@@ -30,6 +30,7 @@ import numpy as np
 from hybridcache import validation
 from hybridcache.admission import AdmissionPolicy, admission_points
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
+from hybridcache.coordinator import build_coordinator
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
 from hybridcache.index import PrefixIndex, UnitHandle
@@ -37,11 +38,12 @@ from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
 from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import check_eviction_name
+from hybridcache.registration import CommitRegistrar
 from hybridcache.requests import Request
 from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
-from hybridcache.spec import ModelSpec
+from hybridcache.spec import AttentionKind, ModelSpec
 
 _NO_COPIES = CopyPlan()
 
@@ -54,6 +56,12 @@ class _Undo:
     def __init__(self) -> None:
         self.pages: list[int] = []
         self.slots: list[int] = []
+
+    def give_back(self, arena: Arena) -> None:
+        for p in self.pages:
+            arena.free_page(p)
+        for s in self.slots:
+            arena.free_slot(s)
 
 
 #: A request's match as its first allocation applies it: ``(kv_units, units, holds,
@@ -87,13 +95,22 @@ class HybridCacheManager(SavePointControl):
         self.layout: ArenaLayout = plan_layout(spec, int(capacity_bytes), cfg.hash_unit, cfg.alignment)
         self.arena = Arena(self.layout)
         self.unit = cfg.hash_unit
-        self.groups = [g.name for g in spec.attention_groups]
+        #: The full-attention / MLA groups (the index's runs hold their pages); sliding-window
+        #: groups are the coordinator's (``sliding_groups``).
+        self.groups = [g.name for g in spec.attention_groups if g.kind is not AttentionKind.SLIDING]
         self.has_state = spec.has_state
         # Priority units: FLOPs per byte of a full-prompt-sized unit, so values are ~O(1).
         scale = max(spec.flops.prefill_flops(0, cfg.hash_unit) / max(self.layout.page_bytes, 1), 1e-30)
         self.index = PrefixIndex(
-            self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window
+            self.arena, cfg.eviction, scale, cfg.marconi_alpha, cfg.marconi_window, self.groups
         )
+        #: Hit lengths across groups and the sliding-window pages (``None``: no sliding
+        #: window, the index alone serves every hit: the fast path).
+        self.coordinator = build_coordinator(spec, self.index, cfg.hash_unit)
+        self.sliding_groups = self.coordinator.names if self.coordinator is not None else ()
+        # A hit is the walk's second answer (the coordinated or snapshot-limited length),
+        # else the whole KV run.
+        self._hit_is_limited = self.has_state or self.coordinator is not None
         self.metrics = CacheMetrics()
         self._fits = Room(self.index).fits  # count, then take (hybridcache.room)
         self._unit_flops = spec.flops.prefill_flops(0, cfg.hash_unit)
@@ -101,6 +118,7 @@ class HybridCacheManager(SavePointControl):
         # than a KV page, so eviction does not keep snapshots whose prefix it drops.
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
+        self._registrar = CommitRegistrar(self)  # what a commit registers
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -168,7 +186,7 @@ class HybridCacheManager(SavePointControl):
         if req.allocated:
             return MatchResult(req.hit_tokens, req.kv_hit_tokens)
         kv_units, snap_units, _, _ = self._walk(req)
-        hit = snap_units if self.has_state else kv_units
+        hit = snap_units if self._hit_is_limited else kv_units
         return MatchResult(hit * self.unit, kv_units * self.unit)
 
     def _walk(self, req: Request) -> tuple[int, int, UnitHandle | None, list[Hold]]:
@@ -185,7 +203,10 @@ class HybridCacheManager(SavePointControl):
         if req.walk is None or req.walk[0] != key:
             index, digests = self.index, req.hasher.digests
             units, holds = index.kv_path(digests, (req.num_tokens - 1) // self.unit)
-            req.walk = (key, (units, *index.deepest_snapshot(digests, units), holds))
+            if self.coordinator is None:
+                req.walk = (key, (units, *index.deepest_snapshot(digests, units), holds))
+            else:
+                req.walk = (key, (units, *self.coordinator.longest_hit(digests, units), holds))
         return req.walk[1]
 
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
@@ -217,19 +238,7 @@ class HybridCacheManager(SavePointControl):
         num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
         num_draft = validation.as_count(num_draft, "num_draft")
         req = self._get(request_id)
-        if num_new_tokens <= 0:
-            raise InvalidRequestError(f"request {request_id!r}: num_new_tokens must be > 0")
-        if not 0 <= num_draft < num_new_tokens:
-            raise InvalidRequestError(
-                f"request {request_id!r}: num_draft must be in [0, {num_new_tokens - 1}]"
-            )
-        if req.draft_slots:
-            raise InvalidRequestError(f"request {request_id!r}: accept() the drafts first")
-        if req.allocated and req.num_allocated != req.num_computed:
-            raise InvalidRequestError(
-                f"request {request_id!r}: commit the {req.num_allocated - req.num_computed} "
-                "allocated tokens before allocating more"
-            )
+        req.check_step(num_new_tokens, num_draft)
         first = not req.allocated
         hit = self._hit(req) if first else None
         start = hit[1] * self.unit if hit is not None else req.num_allocated
@@ -242,7 +251,9 @@ class HybridCacheManager(SavePointControl):
         held = hit[1] if hit is not None else req.units_allocated
         page_units = max(-(-end // self.unit) - held, 0)
         slots = (first + num_draft) if self.has_state else 0
-        if not (self._fits(page_units, slots, hit[2], hit[3]) if hit is not None
+        coord = self.coordinator
+        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord and hit else ()
+        if not (self._fits(page_units, slots, hit[2], hit[3], slide_hold) if hit is not None
                 else self._fits(page_units, slots)):
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
@@ -258,17 +269,18 @@ class HybridCacheManager(SavePointControl):
             if num_draft and self.has_state:
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
-            new_pages = self._alloc_pages(req, end, undo)
+            new_pages, slide_new = self._alloc_pages(req, end, undo)
         except OutOfSpaceError:  # pragma: no cover - the count above rules it out
-            for p in undo.pages:
-                self.arena.free_page(p)
-            for s in undo.slots:
-                self.arena.free_slot(s)
+            undo.give_back(self.arena)
             if first:
                 self._rollback_first(req)
             raise
         for table, pages in zip(req.pages, new_pages):
             table.extend(pages)
+        block_table = {g: list(t) for g, t in zip(self.groups, req.pages)}
+        if coord is not None:
+            coord.extend(req, slide_new)  # type: ignore[arg-type]
+            block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.draft_slots = list(drafts)
@@ -278,7 +290,7 @@ class HybridCacheManager(SavePointControl):
         return Allocation(
             start=start,
             num_tokens=num_new_tokens,
-            block_table={g: list(t) for g, t in zip(self.groups, req.pages)},
+            block_table=block_table,
             running_slot=req.slot,
             init_state=first and req.restore is None,
             state_copies=copies,
@@ -290,7 +302,7 @@ class HybridCacheManager(SavePointControl):
     def _hit(self, req: Request) -> _Hit:
         """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
         kv_units, snap_units, snap_node, holds = self._walk(req)
-        if self.has_state:
+        if self._hit_is_limited:
             return (kv_units, snap_units, truncate_holds(holds, snap_units), snap_node if snap_units else None)
         return (kv_units, kv_units, truncate_holds(holds, kv_units), None)
 
@@ -309,6 +321,8 @@ class HybridCacheManager(SavePointControl):
         req.restore = restore
         if req.restore is not None:
             self.index.pin_snapshot(req.restore)
+        if self.coordinator is not None:
+            self.coordinator.begin(req, hit_units)
         req.allocated = True
         req.num_computed = req.hit_tokens
         req.prompt_len = req.num_tokens
@@ -318,6 +332,8 @@ class HybridCacheManager(SavePointControl):
         self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
+        if self.coordinator is not None:
+            self.coordinator.rollback(req)
         req.reset()
 
     def _first_slot(self, req: Request, undo: _Undo) -> CopyPlan:
@@ -335,8 +351,9 @@ class HybridCacheManager(SavePointControl):
         undo.slots.append(s)
         return s
 
-    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> list[list[int]]:
-        """Pages, per group, for the units up to token ``end`` that have none yet.
+    def _alloc_pages(self, req: Request, end: int, undo: _Undo) -> tuple[list[list[int]], list | None]:
+        """Pages, per group, for the units up to token ``end`` that have none yet: the full
+        groups', then the sliding-window groups' (``None`` without a coordinator).
 
         The caller appends them to the request only once the whole step has succeeded.
         """
@@ -348,7 +365,12 @@ class HybridCacheManager(SavePointControl):
             if len(pages) < n:
                 raise OutOfSpaceError("no KV page can be freed: every page is in use")
             new.append(pages)
-        return new
+        if self.coordinator is None:
+            return new, None
+        slide = self.coordinator.alloc_pages(max(n, 0), undo.pages)
+        if slide is None:
+            raise OutOfSpaceError("no KV page can be freed: every page is in use")
+        return new, slide
 
     def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
         wanted = admission_points(self.admission, req, start, end, self.unit)
@@ -430,10 +452,12 @@ class HybridCacheManager(SavePointControl):
         if not req.counted:
             self._count_request(req)
         req.num_computed = n
-        self._register_units(req, min(n, req.num_tokens) // self.unit)
+        self._registrar.register_units(req, min(n, req.num_tokens) // self.unit)
         if req.saves:
             for b in sorted(b for b in req.saves if b <= n and b <= req.num_tokens):
-                self._register_snapshot(req, b, req.saves.pop(b))
+                self._registrar.register_snapshot(req, b, req.saves.pop(b))
+        if self.coordinator is not None:
+            self.coordinator.advance(req, n)
 
     def _count_request(self, req: Request) -> None:
         m = self.metrics
@@ -448,87 +472,6 @@ class HybridCacheManager(SavePointControl):
         m.prefill_flops += f(0, req.prompt_len)
         m.prefill_flops_saved += f(0, req.hit_tokens)
         self.index.count_hits(req.hit_holds)
-
-    def _register_units(self, req: Request, full_units: int) -> None:
-        index, digests, quota = self.index, req.hasher.digests, self._quota(req.tenant)
-        registered, i = 0, req.units
-        while i < full_units:
-            if index.has_kv_at(digests, i, req.held_run(i - 1) if i else None):
-                # Cached already (past a snapshot-limited hit, or computed meanwhile by
-                # another request): keep our private pages, hold the cached ones.
-                j, path = index.kv_path(digests, full_units)  # exact: walked from unit 0
-                dups = [(run, end) for run, end in path if run.first + end > i]
-                index.hold_runs(dups)
-                req.holds += dups
-                req.dup_pages.extend(range(i, j))
-                i = req.units = j
-                continue
-            end = full_units
-            if quota is not None:
-                room = (quota - index.tenant_bytes.get(req.tenant, 0)) // index.node_kv_bytes
-                if room <= 0:
-                    self.metrics.quota_rejections += 1
-                    break
-                end = min(end, i + room)
-            # Depth-independent value: a prefix's head must never rank below its tail,
-            # or value eviction drops heads first and strands unreachable tails.
-            last = req.holds[-1] if req.holds else None
-            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, self._unit_flops, last)
-            assert got is not None, "unit without KV registered by no one"
-            hold, n = got
-            if last is not None and hold[0] is last[0]:
-                req.holds[-1] = hold  # the new units extended the run we held
-            else:
-                req.holds.append(hold)
-            i = req.units = i + n
-            registered += n * len(req.pages)
-        self.metrics.kv_pages_registered += registered
-
-    def _register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
-        index, u = self.index, boundary // self.unit - 1
-        if u >= req.units:  # not registered by this request: no KV it holds
-            self.arena.free_slot(slot)
-            return
-        node = index.handles.get(req.hasher.digests[u])
-        run = node.run if node is not None else req.held_run(u)
-        if run is None or (node is not None and node.snap >= 0):
-            self.arena.free_slot(slot)  # duplicate or unregistered KV: drop
-            return
-        quota = self._quota(req.tenant)
-        if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
-            self.metrics.quota_rejections += 1
-            self.arena.free_slot(slot)
-            return
-        if node is None:
-            node = index.handle(run, u - run.first)
-        prev = req.last_snapshot_boundary(boundary)
-        flops = self.spec.flops.prefill_flops(prev, boundary)
-        self.index.register_snapshot(node, slot, min(flops, self._snap_flops_cap), self.tick)
-        self.metrics.snapshots_saved += 1
-
-    def _demote_prompt_end(self, req: Request, turn_end: int) -> None:
-        """Rank an unused prompt-end snapshot last once the turn-end one is cached.
-
-        The next turn resumes from the turn end, so the prompt-end state only serves a
-        repeat of the same prompt: it stays cached while memory is free (requests running
-        concurrently with the same prompt need it) and goes first under pressure. Branch
-        points (the prompt was a repeat already) keep their rank.
-        """
-        b = (req.prompt_len - 1) // self.unit * self.unit
-        if not 0 < b < turn_end <= req.units * self.unit or req.kv_hit_tokens >= b:
-            return
-        get, digests = self.index.handles.get, req.hasher.digests
-        node, end_node = get(digests[b // self.unit - 1]), get(digests[turn_end // self.unit - 1])
-        if node is None or end_node is None:
-            return
-        if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
-            self.index.demote_snapshot(node)
-
-    def _quota(self, tenant: str | None) -> int | None:
-        q = self.config.tenant_quotas
-        if not q:
-            return None
-        return q.get(tenant if tenant is not None else "", q.get("*"))
 
     def accept(self, request_id: str, num_accepted: int) -> None:
         """Speculative decoding: keep the first ``num_accepted`` computed inputs of the step.
@@ -577,6 +520,8 @@ class HybridCacheManager(SavePointControl):
             for p in t[keep_units:]:
                 self.arena.free_page(p)
             del t[keep_units:]
+        if self.coordinator is not None:
+            self.coordinator.trim(req, keep_units)
         req.units_allocated = min(req.units_allocated, keep_units)
 
     # ------------------------------------------------------------------ free
@@ -600,8 +545,8 @@ class HybridCacheManager(SavePointControl):
         rb = req.rolling_boundary
         if req.rolling_slot >= 0:
             if finished and 0 < rb <= min(req.num_computed, req.num_tokens):
-                self._register_snapshot(req, rb, req.rolling_slot)
-                self._demote_prompt_end(req, rb)
+                self._registrar.register_snapshot(req, rb, req.rolling_slot)
+                self._registrar.demote_prompt_end(req, rb)
             else:
                 self.arena.free_slot(req.rolling_slot)
         if req.slot >= 0:
@@ -612,6 +557,8 @@ class HybridCacheManager(SavePointControl):
         for i in req.dup_pages:
             for t in req.pages:
                 self.arena.free_page(t[i])
+        if req.slide:
+            self.coordinator.free(req)  # type: ignore[union-attr]
         self.index.release_runs(req.holds, self.tick)
 
     def clear(self) -> int:

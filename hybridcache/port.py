@@ -182,7 +182,7 @@ class EnginePort:
 
     @property
     def attention_groups(self) -> tuple[str, ...]:
-        return tuple(self._m.groups)
+        return tuple(self._m.groups) + tuple(self._m.sliding_groups)  # full, then sliding
 
     @property
     def has_state(self) -> bool:
@@ -317,7 +317,10 @@ class EnginePort:
     def block_tables(self, request_id: str) -> dict[str, list[int]]:
         """The request's pages per attention group (cached and private), copies."""
         req = self._m._get(request_id)
-        return {g: list(t) for g, t in zip(self._m.groups, req.pages)}
+        tables = {g: list(t) for g, t in zip(self._m.groups, req.pages)}
+        if req.slide:  # sliding-window groups (hybridcache.coordinator): -1 below the window
+            tables.update(self._m.coordinator.tables(req))  # type: ignore[union-attr]
+        return tables
 
     def cached_prefix(self, request_id: str, units: int) -> CachedPrefix:
         """Pages (and the end snapshot) of the request's first ``units`` cached units, as a

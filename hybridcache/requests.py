@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 
+from hybridcache.errors import InvalidRequestError
 from hybridcache.hashing import TokenHasher
 from hybridcache.index import UnitHandle
 from hybridcache.runs import Run
@@ -27,6 +28,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
+        "slide",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -63,6 +65,25 @@ class Request:
         # ones, ``hit_holds``, are the matched hit (counted as hits once served).
         self.holds: list = []
         self.hit_holds: list = []
+        # Per sliding-window cache, the request's pages there (hybridcache.coordinator);
+        # empty for models without sliding windows.
+        self.slide: list = []
+
+    def check_step(self, num_new_tokens: int, num_draft: int) -> None:
+        """An allocation of ``num_new_tokens`` (``num_draft`` of them drafts) is a valid
+        next step for this request; raises :class:`InvalidRequestError` otherwise."""
+        rid = self.id
+        if num_new_tokens <= 0:
+            raise InvalidRequestError(f"request {rid!r}: num_new_tokens must be > 0")
+        if not 0 <= num_draft < num_new_tokens:
+            raise InvalidRequestError(f"request {rid!r}: num_draft must be in [0, {num_new_tokens - 1}]")
+        if self.draft_slots:
+            raise InvalidRequestError(f"request {rid!r}: accept() the drafts first")
+        if self.allocated and self.num_allocated != self.num_computed:
+            raise InvalidRequestError(
+                f"request {rid!r}: commit the {self.num_allocated - self.num_computed} "
+                "allocated tokens before allocating more"
+            )
 
     def held_run(self, u: int) -> Run | None:
         """The run holding unit ``u``, one of the registered units ``[0, units)``."""

@@ -55,10 +55,11 @@ class Room:
         self.free_blocks = arena._free_blocks  # the arena's free-block stack (same list)
         lay = arena.layout
         self.ppb, self.spb, self.num_blocks = lay.pages_per_block, lay.slots_per_block, lay.num_blocks
-        self.groups = index.kv_groups
+        self.groups = index.kv_groups + sum(c.groups for c in index.sliding)
 
     def fits(
-        self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None
+        self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None,
+        slide_hold: Sequence[int] = (),
     ) -> bool:
         """See :func:`fits`."""
         pages, ppb = page_units * self.groups, self.ppb
@@ -73,7 +74,7 @@ class Room:
             kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
             if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
                 return True
-        return fits(self.index, page_units, slots, holds, restore)
+        return fits(self.index, page_units, slots, holds, restore, slide_hold)
 
 
 def fits(
@@ -82,13 +83,18 @@ def fits(
     slots: int,
     holds: Sequence[Hold] = (),
     restore: UnitHandle | None = None,
+    slide_hold: Sequence[int] = (),
 ) -> bool:
     """Whether ``slots`` state slots, then ``page_units`` units of KV pages (one page per
-    attention group each), can be allocated with eviction once ``holds`` are held and
-    ``restore``'s snapshot is pinned (module docstring). Changes nothing."""
+    attention group each, sliding-window groups included), can be allocated with eviction
+    once ``holds`` are held, ``restore``'s snapshot is pinned and the evictable
+    sliding-window pages ``slide_hold`` (a first allocation's hit window) are held (module
+    docstring). Unheld sliding-window pages count as evictable pages (eviction takes them
+    last), and a slab is unpinned only if its sliding pages are unheld too. Changes nothing."""
     arena = index.arena
     lay = arena.layout
-    pages = page_units * index.kv_groups
+    sliding = index.sliding
+    pages = page_units * (index.kv_groups + sum(c.groups for c in sliding))
     ppb, spb = lay.pages_per_block, lay.slots_per_block
     free_blocks = len(arena._free_blocks)
     if slots <= free_blocks and pages + slots * ppb <= free_blocks * ppb:
@@ -108,6 +114,8 @@ def fits(
         if end > run.held:
             extra_held += end - run.held
     ev_pages = (index.kv_units - held_units - extra_held) * index.kv_groups
+    if sliding:
+        ev_pages += sum(c.evictable_pages for c in sliding) - len(slide_hold)
     if spb > 1:  # small state: a block is one page
         if slots > arena.free_slot_entries + ev_snaps + spb * (free_blocks + ev_pages):
             return False
@@ -117,7 +125,7 @@ def fits(
     if slots:
         supply = free_blocks + ev_snaps
         if slots > supply:
-            supply += ev_pages if ppb <= 1 else _unpinned_slabs(index, holds)
+            supply += ev_pages if ppb <= 1 else _unpinned_slabs(index, holds, slide_hold)
             if slots > supply:
                 return False
     if not pages:
@@ -126,8 +134,9 @@ def fits(
     return pages <= page_supply
 
 
-def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold]) -> int:
-    """KV slabs whose every page is registered and unheld once ``holds`` are held too."""
+def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold], slide_hold: Sequence[int] = ()) -> int:
+    """KV slabs whose every page is registered and unheld once ``holds`` and the sliding
+    pages ``slide_hold`` are held too."""
     ev = index.evictor
     if ev.pinned_stale:
         ev.find_pinned()
@@ -135,6 +144,8 @@ def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold]) -> int:
     for run, end in holds:
         for starts, blocks in run.segs:
             pinned.update(blocks[: bisect_left(starts, end)])
+    ppb = max(index.arena.layout.pages_per_block, 1)
+    pinned.update(p // ppb for p in slide_hold)
     arena, reg = index.arena, index._registered
     used = arena.used_per_block
     return sum(

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from hybridcache.index import UnitHandle
 
@@ -162,6 +162,29 @@ def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int
             starts.append(i)
             blocks.append(b)
             last = b
+
+
+def uncached_stretch(
+    heads: Mapping[bytes, Run], digests: Sequence[bytes] | Mapping[int, bytes], first: int, end: int
+) -> list[bytes]:
+    """The digests of a chain's units ``first, first+1, ...`` before ``end`` up to the first
+    one that has KV: what a registration from ``first`` (which has none) may add.
+
+    A unit past ``first`` that has KV is the first unit of a run (its unit before, one of
+    ours, has none), so only run heads can cut the stretch short: one set test over the
+    run heads, not a walk.
+    """
+    if isinstance(digests, list):
+        ds = digests[first:end]
+        if not heads.keys().isdisjoint(ds):
+            ds = ds[: next(k for k, d in enumerate(ds) if d in heads)]
+        return ds
+    out: list[bytes] = []
+    for i in range(first, end):
+        if digests[i] in heads:
+            break
+        out.append(digests[i])
+    return out
 
 
 def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> None:

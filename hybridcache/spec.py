@@ -70,7 +70,9 @@ class AttentionGroupSpec:
         head_dim: per head: K and V each have ``head_dim`` values for full/sliding
             attention; for MLA it is the latent width (kv_lora_rank + rope dim), stored once.
         dtype: KV dtype.
-        window: tokens of history a sliding-window layer reads; ``None`` otherwise.
+        window: tokens a sliding-window layer reads, its own included (vLLM's
+            ``sliding_window``); ``None`` otherwise. Such groups are cached by
+            :mod:`hybridcache.sliding`: a hit keeps only the last ``window`` tokens' KV.
     """
 
     name: str

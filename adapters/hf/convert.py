@@ -8,7 +8,7 @@ from pathlib import PurePath
 from hybridcache.errors import SpecError
 from hybridcache.spec import ModelSpec
 
-from . import kimi, mamba, qwen3_next
+from . import gpt_oss, kimi, mamba, qwen3_next
 from .loading import ConfigView, load_hf_config
 
 Builder = Callable[[ConfigView, str, object, object], ModelSpec]
@@ -23,6 +23,7 @@ _BUILDERS: dict[str, Builder] = {
     "FalconH1ForCausalLM": mamba.falcon_h1,
     "Mamba2ForCausalLM": mamba.mamba2,
     "GraniteMoeHybridForCausalLM": mamba.granite_moe_hybrid,
+    "GptOssForCausalLM": gpt_oss.gpt_oss,
 }
 
 #: ``model_type`` -> architecture, for configs built without ``architectures`` (a bare
@@ -36,6 +37,7 @@ _MODEL_TYPES: dict[str, str] = {
     "falcon_h1": "FalconH1ForCausalLM",
     "mamba2": "Mamba2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 #: Every architecture :func:`spec_from_hf_config` understands, sorted.

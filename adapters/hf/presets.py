@@ -103,6 +103,20 @@ def granite_4_0_h_small() -> ModelSpec:
     return spec_from_hf_config(pc.GRANITE_4_0_H_SMALL, name="granite-4.0-h-small")
 
 
+def gpt_oss_20b() -> ModelSpec:
+    """gpt-oss-20b from openai/gpt-oss-20b's ``config.json``.
+
+    12 sliding-window layers (128 tokens) + 12 full-attention layers, 8 KV heads x 64 each:
+    24,576 B of bf16 KV per token per kind (49,152 B in all), no recurrent state.
+    """
+    return spec_from_hf_config(pc.GPT_OSS_20B, name="gpt-oss-20b")
+
+
+def gpt_oss_120b() -> ModelSpec:
+    """gpt-oss-120b from openai/gpt-oss-120b's ``config.json``: 18 + 18 layers, as 20b."""
+    return spec_from_hf_config(pc.GPT_OSS_120B, name="gpt-oss-120b")
+
+
 #: Preset name -> (factory, embedded config, whether it replaces a core preset).
 _PRESETS: dict[str, tuple[Callable[[], ModelSpec], Mapping[str, Any], bool]] = {
     "kimi-linear-48b": (kimi_linear_48b, pc.KIMI_LINEAR_48B_A3B, True),
@@ -114,6 +128,8 @@ _PRESETS: dict[str, tuple[Callable[[], ModelSpec], Mapping[str, Any], bool]] = {
     "falcon-h1-7b": (falcon_h1_7b, pc.FALCON_H1_7B, False),
     "mamba2-2.7b": (mamba2_2_7b, pc.MAMBA2_2_7B, False),
     "granite-4.0-h-small": (granite_4_0_h_small, pc.GRANITE_4_0_H_SMALL, False),
+    "gpt-oss-20b": (gpt_oss_20b, pc.GPT_OSS_20B, False),
+    "gpt-oss-120b": (gpt_oss_120b, pc.GPT_OSS_120B, False),
 }
 
 #: Read-only view: preset name -> the embedded config it is derived from.

@@ -240,3 +240,33 @@ GRANITE_4_0_H_SMALL: dict[str, Any] = {
     "shared_intermediate_size": 1536,
     "max_position_embeddings": 131072,
 }
+
+
+def _gpt_oss(num_layers: int, experts: int) -> dict[str, Any]:
+    """The fields both gpt-oss checkpoints share (they differ in depth and experts)."""
+    return {
+        "architectures": ["GptOssForCausalLM"],
+        "model_type": "gpt_oss",
+        "torch_dtype": "bfloat16",  # attention and KV; the experts' weights are mxfp4
+        "vocab_size": 201088,
+        "hidden_size": 2880,
+        "intermediate_size": 2880,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "num_local_experts": experts,
+        "num_experts_per_tok": 4,
+        "experts_per_token": 4,
+        "sliding_window": 128,
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(num_layers)],
+        "initial_context_length": 4096,
+        "max_position_embeddings": 131072,
+    }
+
+
+#: openai/gpt-oss-20b: 24 layers alternating sliding-window (128 tokens) and full attention.
+GPT_OSS_20B: dict[str, Any] = _gpt_oss(24, 32)
+
+#: openai/gpt-oss-120b: 36 layers, 128 experts, otherwise as gpt-oss-20b.
+GPT_OSS_120B: dict[str, Any] = _gpt_oss(36, 128)

@@ -121,7 +121,7 @@ def test_unsupported_architecture_lists_the_supported_ones() -> None:
     message = str(info.value)
     assert "LlamaForCausalLM" in message
     assert all(arch in message for arch in SUPPORTED_ARCHITECTURES)
-    assert len(SUPPORTED_ARCHITECTURES) == 8
+    assert len(SUPPORTED_ARCHITECTURES) == 9
     with pytest.raises(SpecError, match="'llama'.*Qwen3NextForCausalLM"):
         spec_from_hf_config({"model_type": "llama"})
     with pytest.raises(SpecError, match="architectures: missing"):

@@ -382,3 +382,73 @@ def test_float32_checkpoint_is_served_in_bfloat16() -> None:
     assert spec == spec_from_hf_config(JAMBA)
     half = spec_from_hf_config(dict(JAMBA, torch_dtype="float16"))
     assert {t.dtype for t in half.state_groups[0].tensors} == {"float16"}
+
+
+GPT_OSS_20B = {
+    "architectures": ["GptOssForCausalLM"],
+    "torch_dtype": "bfloat16",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "num_experts_per_tok": 4,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "max_position_embeddings": 131072,
+}
+
+
+def test_gpt_oss_20b() -> None:
+    """Two groups of 12 layers each, one of them a 128-token sliding window."""
+    spec = spec_from_hf_config(GPT_OSS_20B)
+    full, slide = spec.attention_groups
+    assert (full.kind, full.num_layers, full.window) == (AttentionKind.FULL, 12, None)
+    assert (slide.kind, slide.num_layers, slide.window) == (AttentionKind.SLIDING, 12, 128)
+    assert full.bytes_per_token == slide.bytes_per_token == 12 * 8 * 2 * 64 * BF16 == 24_576
+    assert spec.kv_bytes_per_token == 49_152 and not spec.state_groups
+    # Every layer: 4 active SwiGLU experts of width 2880.
+    assert spec.flops.mlp_ratio == 3 * 4 * 2880 / (8 * 2880)
+    assert spec.max_model_len == 131072
+    assert replace(spec, name="gpt-oss-20b") == get_preset("gpt-oss-20b")
+    big = get_preset("gpt-oss-120b")
+    assert [g.num_layers for g in big.attention_groups] == [18, 18]
+    assert big.attention_groups[1].window == 128
+
+
+def test_gpt_oss_without_layer_types_follows_vllm() -> None:
+    """vLLM's GptOssAttention: even layers (0-based) slide, odd ones attend fully."""
+    cfg = {k: v for k, v in GPT_OSS_20B.items() if k != "layer_types"}
+    assert spec_from_hf_config(cfg) == spec_from_hf_config(GPT_OSS_20B)
+    odd = dict(cfg, num_hidden_layers=5)
+    assert [g.num_layers for g in spec_from_hf_config(odd).attention_groups] == [2, 3]
+
+
+@pytest.mark.parametrize(
+    "change", [{"layer_types": ["sliding_attention"] * 23}, {"layer_types": ["local"] * 24}]
+)
+def test_gpt_oss_bad_layer_types(change: dict) -> None:
+    with pytest.raises(SpecError, match="layer_types"):
+        spec_from_hf_config(dict(GPT_OSS_20B, **change))
+
+
+def test_gpt_oss_manager_holds_the_window() -> None:
+    """The preset through the manager: the sliding group is the coordinator's, with the
+    exact token rule at 16-token units (ceil(127 / 16) = 8 units before a hit end)."""
+    from hybridcache.manager import CacheConfig, HybridCacheManager
+
+    m = HybridCacheManager(get_preset("gpt-oss-20b"), 1 << 30, CacheConfig(hash_unit=16))
+    assert m.groups == ["attention"] and m.sliding_groups == ("sliding_attention",)
+    assert m.coordinator.caches[0].reach == 8
+    tokens = list(range(1000))
+    m.add_request("a", tokens)
+    m.allocate("a", 1000)
+    m.commit("a", 1000)
+    table = m.requests["a"].slide[0].tables[0]
+    # The next token (1000) reads tokens 873..999: units 54..62 stay, the rest is released.
+    assert [u for u, p in enumerate(table) if p >= 0] == list(range(54, 63))
+    m.free("a")
+    assert m.add_request("b", tokens + [5]).hit_tokens == 992
+    m.check_invariants()

@@ -16,10 +16,18 @@ from hybridcache.spec import (
 
 
 def tiny_spec(
-    state: bool = True, attention: bool = True, big_state: bool = True, max_len: int = 4096
+    state: bool = True, attention: bool = True, big_state: bool = True, max_len: int = 4096,
+    window: int | None = None,
 ) -> ModelSpec:
-    """A hybrid spec with 256-byte-per-token KV and a 4 KiB (or 64 B) snapshot."""
-    attn = (AttentionGroupSpec("attn", "full", num_layers=2, num_kv_heads=1, head_dim=32, dtype="float16"),)
+    """A hybrid spec with 256-byte-per-token KV and a 4 KiB (or 64 B) snapshot; with
+    ``window``, also a sliding-window group reading that many tokens."""
+    attn: tuple[AttentionGroupSpec, ...] = (
+        AttentionGroupSpec("attn", "full", num_layers=2, num_kv_heads=1, head_dim=32, dtype="float16"),
+    )
+    if window is not None:
+        attn += (AttentionGroupSpec(
+            "swa", "sliding", num_layers=2, num_kv_heads=1, head_dim=32, dtype="float16", window=window,
+        ),)
     shape = (4, 16, 16) if big_state else (4,)
     st = (
         StateGroupSpec(
@@ -73,9 +81,23 @@ def check_runs_and_ranks(m: HybridCacheManager) -> None:
                 registered[p // ppb] += 1
                 if ref:
                     held_blocks.add(p // ppb)
-            if ref == 0:
-                if m.config.eviction == "value":
+            if ref == 0 and m.config.eviction == "value":
+                if run.qseq and index._stranded_tail(run):
+                    # A stranded tail is ranked at the clock as it was when queued; the
+                    # clock can move past it (a slot allocation takes victims only from
+                    # unpinned slabs, not the global lowest), and then above units before
+                    # it, which the run queue ranks only once the tail is gone: the queue
+                    # offers the tail at its queued rank.
+                    if pos == len(run) - 1:
+                        free.append(run.qprio)
+                else:
                     free.append(index.kv_q.unit_priority(run, pos))
+    for cache in index.sliding:  # sliding pages count as registered; held ones pin
+        for e in cache.entries.values():
+            for p in e.pages:
+                registered[p // ppb] += 1
+                if e.ref:
+                    held_blocks.add(p // ppb)
     for d, node in index.handles.items():
         assert node.digest == d and (d in units or node.snap >= 0), "empty handle kept"
         assert (node.run is None) == (d not in units) == (d in index.bare)

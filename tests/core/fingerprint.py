@@ -34,6 +34,9 @@ def _freeze(v: object) -> object:
         return _freeze(dataclasses.asdict(v))
     if isinstance(v, (int, float, str, bytes, bool)) or v is None:
         return v
+    slots = getattr(type(v), "__slots__", None)
+    if slots == ("tables", "held", "lo", "done"):  # a request's sliding-window pages
+        return (_freeze(v.tables), _freeze({u: e.digest for u, e in v.held.items()}), v.lo, v.done)
     return id(v)  # a run: identity (its contents are in the index part)
 
 
@@ -51,7 +54,12 @@ def fingerprint(m: HybridCacheManager) -> tuple:
         tuple(arena._kind), tuple(arena.used_per_block), tuple(arena._free_blocks),
         bytes(arena._live[1]), bytes(arena._live[2]),
     )
+    sliding = tuple(
+        (c.evictions, tuple(sorted((d, e.depth, e.pages, e.ref) for d, e in c.entries.items())), tuple(c.lru))
+        for c in idx.sliding
+    )
     return (
+        sliding,
         _freeze(m.stats()),
         _freeze(dataclasses.asdict(m.sync_metrics())),
         _freeze(arena.stats()),

@@ -56,9 +56,17 @@ def fingerprint(m: HybridCacheManager) -> dict[str, object]:
             r.slot, tuple(r.draft_slots), sorted(r.saves.items()), r.rolling_slot,
             r.num_allocated, r.num_computed, r.hit_tokens, len(r.holds),
             None if r.restore is None else r.restore.digest,
+            tuple(
+                (tuple(map(tuple, t.tables)), sorted((u, e.digest) for u, e in t.held.items()), t.lo, t.done)
+                for t in r.slide
+            ),
         )
         for rid, r in m.requests.items()
     )
+    sliding = [
+        (c.evictions, sorted((d, e.depth, e.pages, e.ref) for d, e in c.entries.items()), list(c.lru))
+        for c in index.sliding
+    ]
     return {
         "tick": m.tick,
         "metrics": asdict(m.sync_metrics()),
@@ -78,4 +86,5 @@ def fingerprint(m: HybridCacheManager) -> dict[str, object]:
         "handles": handles,
         "queues": (_queue(index.kv_q), _queue(index.snap_q)),
         "requests": reqs,
+        "sliding": sliding,
     }

@@ -2,9 +2,13 @@
 
 The oracle keeps, as plain sets of token prefixes, every prefix whose KV or snapshot was
 committed and not yet evicted (evictions come out of the engine port's event stream, taken
-after every call that can evict).
-Hit lengths are recomputed by brute force over those sets and must equal the manager's;
-after every step the structural invariants are checked.
+after every call that can evict), and, for a model with a sliding-window group, the units
+whose sliding pages are cached (stored and removed as the stream says).
+Hit lengths are recomputed by brute force over those sets with the window rule (a hit of
+``L`` units needs full KV for every unit before ``L``, the sliding pages of the last
+``ceil((window - 1) / unit)`` of them and, with state, a snapshot at ``L``) and must equal
+the manager's; after every step the structural invariants are checked, and no running
+request keeps sliding pages older than its window.
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from hybridcache.errors import OutOfSpaceError
-from hybridcache.events import REMOVED
+from hybridcache.events import REMOVED, STORED
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.port import EnginePort
+from hybridcache.sliding import SLIDING
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
 from tests.core.state_fingerprint import fingerprint
 
@@ -31,20 +36,30 @@ class Oracle:
     def __init__(self) -> None:
         self.kv: set[tuple] = set()
         self.snap: set[tuple] = set()
+        self.slide: set[tuple] = set()
         self.by_digest: dict[bytes, tuple] = {}
 
-    def hit(self, tenant, tokens, has_state: bool) -> tuple[int, int]:
+    def hit(self, tenant, tokens, has_state: bool, window: int | None = None) -> tuple[int, int]:
         max_units = (len(tokens) - 1) // UNIT
+
+        def key(u):
+            return (tenant, tuple(tokens[: u * UNIT]))
+
         kv_units = 0
-        snap_units = 0
-        for u in range(1, max_units + 1):
-            key = (tenant, tuple(tokens[: u * UNIT]))
-            if key not in self.kv:
+        while kv_units < max_units and key(kv_units + 1) in self.kv:
+            kv_units += 1
+        hit = kv_units
+        if has_state or window is not None:
+            for hit in range(kv_units, -1, -1):
+                if has_state and hit and key(hit) not in self.snap:
+                    continue
+                if window is not None:
+                    # Tokens [hit*UNIT - window + 1, hit*UNIT) are read by the next token.
+                    first = max(0, (hit * UNIT - window + 1) // UNIT)
+                    if any(key(j + 1) not in self.slide for j in range(first, hit)):
+                        continue
                 break
-            kv_units = u
-            if key in self.snap:
-                snap_units = u
-        return (snap_units if has_state else kv_units) * UNIT, kv_units * UNIT
+        return hit * UNIT, kv_units * UNIT
 
 
 class ManagerMachine(RuleBasedStateMachine):
@@ -67,7 +82,11 @@ class ManagerMachine(RuleBasedStateMachine):
     )
     @precondition(lambda self: self.m is None)
     def init(self, eviction, admission, blocks, state, big_state):
-        spec = tiny_spec(state=state, big_state=big_state)
+        self._setup(eviction, admission, blocks, state, big_state, None)
+
+    def _setup(self, eviction, admission, blocks, state, big_state, window):
+        spec = tiny_spec(state=state, big_state=big_state, window=window)
+        self.window = window
         cfg = CacheConfig(hash_unit=UNIT, eviction=eviction, admission=admission)
         probe = HybridCacheManager(spec, 1 << 30, cfg)
         self.m = HybridCacheManager(spec, blocks * probe.layout.block_bytes, cfg)
@@ -76,6 +95,15 @@ class ManagerMachine(RuleBasedStateMachine):
 
     def _take_evictions(self):
         for ev in self.port.take_events():
+            if ev.kind == SLIDING:
+                (digest,) = ev.digests
+                key = self.oracle.by_digest[digest]
+                if ev.action == STORED:
+                    assert key in self.oracle.kv, "sliding pages cached for a unit without full KV"
+                    self.oracle.slide.add(key)
+                elif ev.action == REMOVED:
+                    self.oracle.slide.discard(key)
+                continue
             if ev.action != REMOVED:
                 continue
             (digest,) = ev.digests
@@ -91,11 +119,14 @@ class ManagerMachine(RuleBasedStateMachine):
           tenant=st.sampled_from([None, "a", "b"]))
     @precondition(lambda self: self.m is not None and len(self.live) < 4)
     def add(self, pieces, tenant):
+        self._add(pieces, tenant)
+
+    def _add(self, pieces, tenant):
         tokens = [t for p in pieces for t in PIECES[p]]
         rid = f"r{self.n}"
         self.n += 1
         res = self.m.add_request(rid, tokens, tenant=tenant)
-        want = self.oracle.hit(tenant, tokens, self.has_state)
+        want = self.oracle.hit(tenant, tokens, self.has_state, self.window)
         assert (res.hit_tokens, res.kv_hit_tokens) == want
         self.live[rid] = {"id": rid, "tenant": tenant, "tokens": list(tokens), "alloc": None}
         self._digest_keys(self.live[rid])
@@ -117,6 +148,13 @@ class ManagerMachine(RuleBasedStateMachine):
         assert not targets & cached, "a copy plan targets a registered snapshot"
         if a.state_copies:
             assert set(a.state_copies.src) <= cached
+        if self.window is not None:
+            # The step's first token reads tokens from start - window + 1 on: every unit
+            # from there has a page in the sliding group's block table.
+            table = a.block_table["swa"]
+            first = max(0, (a.start - self.window + 1) // UNIT)
+            assert len(table) == len(a.block_table["attn"])
+            assert all(p >= 0 for p in table[first:]), "a sliding page the step reads is missing"
         r["alloc"] = a
         return a
 
@@ -131,6 +169,7 @@ class ManagerMachine(RuleBasedStateMachine):
         for sp in a.save_points:
             if sp.boundary <= known and sp.slot != req.rolling_slot:
                 self.oracle.snap.add((r["tenant"], tuple(r["tokens"][: sp.boundary])))
+        self._take_evictions()  # sliding pages stored (and released) by the commit
 
     @rule(data=st.data())
     @precondition(lambda self: self.m is not None and self.live)
@@ -177,6 +216,7 @@ class ManagerMachine(RuleBasedStateMachine):
         rb, computed = req.rolling_boundary, req.num_computed
         had_rolling = req.rolling_slot >= 0
         self.m.free(rid, finished=finished)
+        self._take_evictions()
         if had_rolling and finished and 0 < rb <= min(computed, len(r["tokens"])):
             key = (r["tenant"], tuple(r["tokens"][:rb]))
             if key in self.oracle.kv:
@@ -190,6 +230,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert self.m.arena.pages_in_use == 0
         assert self.m.arena.slots_in_use == 0
         assert not self.m.index.nodes
+        assert not any(c.entries for c in self.m.index.sliding)
+        assert not self.oracle.slide, "the stream did not remove every sliding page"
         self.oracle.kv.clear()
         self.oracle.snap.clear()
 
@@ -217,6 +259,13 @@ class ManagerMachine(RuleBasedStateMachine):
                 slots.append(req.pending_rolling[1])
             slots.extend(req.draft_slots)
             slots.extend(req.saves.values())
+            for track in req.slide:
+                pages.extend(track.private_pages())
+                # The window bound: nothing the next token cannot read is kept.
+                assert track.lo >= max(0, (req.num_computed - self.window + 1) // UNIT)
+                assert all(p < 0 for t in track.tables for p in t[: track.lo])
+        sliding = [d for c in m.index.sliding for d in c.entries]
+        pages.extend(p for c in m.index.sliding for e in c.entries.values() for p in e.pages)
         assert len(pages) == len(set(pages)) == m.arena.pages_in_use, "page leaked or shared"
         assert len(slots) == len(set(slots)) == m.arena.slots_in_use, "slot leaked or shared"
         s = m.arena.stats()
@@ -226,6 +275,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert {self.oracle.by_digest[d] for d in kv} == self.oracle.kv
         snap_nodes = {d for d, n in handles.items() if n.snap >= 0}
         assert {self.oracle.by_digest[d] for d in snap_nodes} == self.oracle.snap
+        assert {self.oracle.by_digest[d] for d in sliding} == self.oracle.slide
         check_runs_and_ranks(m)
         m.check_invariants()
 
@@ -248,6 +298,40 @@ ManagerMachine.TestCase.settings = settings(
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
 TestManagerStateful = ManagerMachine.TestCase
+
+
+class SlidingWindowMachine(ManagerMachine):
+    """The same streams on models that always have a sliding-window group, with budgets
+    large enough that hits are common and small enough that sliding pages get evicted
+    apart from their units' full KV (the cases where the window rule decides the hit)."""
+
+    @rule(
+        eviction=st.sampled_from(["lru", "value", "marconi"]),
+        admission=st.sampled_from(["last-token+turn-end+branch-point", "interval:8+turn-end", "chunk-end"]),
+        blocks=st.integers(5, 20),
+        state=st.booleans(),
+        window=st.sampled_from([1, 5, 9, 14]),
+    )
+    @precondition(lambda self: self.m is None)
+    def init(self, eviction, admission, blocks, state, window):
+        self._setup(eviction, admission, blocks, state, True, window)
+
+    @rule(pieces=st.lists(st.integers(0, 2), min_size=2, max_size=5), tenant=st.sampled_from([None, "a"]))
+    @precondition(lambda self: self.m is not None and len(self.live) < 4)
+    def add(self, pieces, tenant):
+        """Prompts that share prefixes often (hits are the point here)."""
+        self._add(pieces, tenant)
+
+
+SlidingWindowMachine.TestCase.settings = settings(
+    max_examples=150,
+    stateful_step_count=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    derandomize=True,
+    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+)
+TestSlidingWindowStateful = SlidingWindowMachine.TestCase
 
 
 def test_numpy_and_list_tokens_agree():

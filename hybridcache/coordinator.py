@@ -1,0 +1,265 @@
+"""The coordinator of attention-group caches: one hit length that every group can serve.
+
+A model's groups are served by one cache each kind: full attention (and MLA) by the prefix
+index's runs (:mod:`hybridcache.index`, :mod:`hybridcache.runs`), recurrent state by its
+snapshots, and every distinct sliding window by a :class:`~hybridcache.sliding.SlidingWindowCache`.
+A hit of ``L`` units needs full KV for units ``[0, L)``, the sliding pages of each window
+cache for its units ``[L - reach, L)`` only, and (with state groups) a snapshot at ``L``.
+
+Each cache answers "the longest hit at most ``L`` that I can serve"; the answers are not
+prefix-closed for sliding windows and snapshots, so, as vLLM's
+``HybridKVCacheCoordinator.find_longest_cache_hit``, the coordinator lowers ``L`` to each
+cache's answer in turn until none lowers it (a fixed point: every answer is at most its
+input, so it ends, and the end is the longest length all of them accept).
+
+A model with only full-attention / MLA groups (plus state groups) has no coordinator: the
+manager's fast path is the index alone, exactly as before sliding windows existed.
+
+This module also keeps a running request's sliding pages: its window held, and everything
+older released as the request advances (:meth:`GroupCoordinator.advance`), so that a long
+request's sliding pages in use are bounded by its window (plus the step being computed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from hybridcache.sliding import SlidingUnit, SlidingWindowCache
+from hybridcache.spec import AttentionKind
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.index import PrefixIndex, UnitHandle
+    from hybridcache.requests import Request
+    from hybridcache.spec import ModelSpec
+
+
+def build_coordinator(spec: ModelSpec, index: PrefixIndex, unit: int) -> GroupCoordinator | None:
+    """The coordinator for ``spec``'s sliding-window groups, one cache per distinct window
+    (attached to ``index``); ``None`` when the model has none (the fast path)."""
+    windows: dict[int, list[str]] = {}
+    for g in spec.attention_groups:
+        if g.kind is AttentionKind.SLIDING:
+            windows.setdefault(g.window, []).append(g.name)  # type: ignore[arg-type]
+    if not windows:
+        return None
+    caches = [SlidingWindowCache(names, w, unit, index) for w, names in windows.items()]
+    index.sliding.extend(caches)
+    return GroupCoordinator(index, caches, unit, spec.has_state)
+
+
+class SlideTrack:
+    """A request's pages in one sliding-window cache.
+
+    ``tables[g][u]`` is the page of unit ``u`` in group ``g`` (``-1``: released, below
+    ``lo``, vLLM's null block). Units in ``held`` are cached entries the request holds
+    (its hit window, and units it registered); the other units in ``[lo, len)`` are its
+    private pages. ``done``: units below it were offered to the cache at a commit.
+    """
+
+    __slots__ = ("tables", "held", "lo", "done")
+
+    def __init__(self, groups: int) -> None:
+        self.tables: list[list[int]] = [[] for _ in range(groups)]
+        self.held: dict[int, SlidingUnit] = {}
+        self.lo = 0
+        self.done = 0
+
+    def private_pages(self) -> list[int]:
+        """The pages the request owns (not cached)."""
+        held = self.held
+        return [
+            p for t in self.tables for u, p in enumerate(t[self.lo :], self.lo) if u not in held and p >= 0
+        ]
+
+
+class GroupCoordinator:
+    """Hit lengths across groups, and the sliding-window pages of running requests.
+
+    Args:
+        index: the full-attention cache and snapshots (its evictor allocates pages).
+        caches: one sliding-window cache per distinct window.
+        unit: tokens per hash unit.
+        has_state: the model has state groups (a hit needs a snapshot at its end).
+    """
+
+    def __init__(
+        self, index: PrefixIndex, caches: Sequence[SlidingWindowCache], unit: int, has_state: bool
+    ) -> None:
+        self.index = index
+        self.caches = tuple(caches)
+        self.unit = unit
+        self.has_state = has_state
+        self.names = tuple(n for c in self.caches for n in c.names)
+        self.groups = len(self.names)
+
+    # ------------------------------------------------------------------ the hit
+    def longest_hit(self, digests: Sequence[bytes], kv_units: int) -> tuple[int, UnitHandle | None]:
+        """``(units, snapshot)``: the longest hit of at most ``kv_units`` units (full KV is
+        prefix-closed: every shorter length has it) that has a snapshot at its end (models
+        with state) and every window cache's window before it; the fixed point above."""
+        end, node = kv_units, None
+        deepest = self.index.deepest_snapshot
+        while True:
+            if self.has_state:
+                end, node = deepest(digests, end)
+            e = end
+            for c in self.caches:
+                e = c.longest_end(digests, e)
+            if e == end:
+                return end, node
+            end = e
+
+    def unheld_hit_pages(self, digests: Sequence[bytes], units: int) -> list[int]:
+        """The evictable pages that holding a hit of ``units`` would pin (count, then take)."""
+        out: list[int] = []
+        for c in self.caches:
+            entries = c.entries
+            for u in range(c.first_needed(units), units):
+                entry = entries[digests[u]]
+                if not entry.ref:
+                    out += entry.pages
+        return out
+
+    @property
+    def evictable_pages(self) -> int:
+        return sum(c.evictable_pages for c in self.caches)
+
+    # ------------------------------------------------------------------ a request
+    def begin(self, req: Request, units: int) -> None:
+        """First allocation: hold the hit's window in every cache."""
+        digests = req.hasher.digests
+        req.slide = tracks = []
+        for c in self.caches:
+            tr = SlideTrack(c.groups)
+            tr.lo = tr.done = lo = c.first_needed(units)
+            tr.tables = [[-1] * lo for _ in range(c.groups)]
+            for u in range(lo, units):
+                entry = c.entries[digests[u]]
+                c.hold(entry)
+                tr.held[u] = entry
+                for t, p in zip(tr.tables, entry.pages):
+                    t.append(p)
+            tracks.append(tr)
+
+    def alloc_pages(self, units: int, undo: list[int]) -> list[list[list[int]]] | None:
+        """``units`` new pages per group of every cache, evicting as needed (each page goes
+        to ``undo`` as taken); ``None`` when memory ran out."""
+        alloc = self.index.alloc_pages
+        out: list[list[list[int]]] = []
+        for c in self.caches:
+            per_group = []
+            for _ in range(c.groups):
+                pages = alloc(units)
+                undo.extend(pages)
+                if len(pages) < units:
+                    return None
+                per_group.append(pages)
+            out.append(per_group)
+        return out
+
+    def extend(self, req: Request, new: list[list[list[int]]]) -> None:
+        for tr, per_group in zip(req.slide, new):
+            for t, pages in zip(tr.tables, per_group):
+                t += pages
+
+    def tables(self, req: Request) -> dict[str, list[int]]:
+        """The request's block tables of the sliding groups (copies; ``-1``: released)."""
+        return {n: list(t) for tr, c in zip(req.slide, self.caches) for n, t in zip(c.names, tr.tables)}
+
+    def advance(self, req: Request, computed: int) -> None:
+        """After a commit: cache the units the request registered (full KV) and release
+        what its next token no longer reads (tokens before ``computed - window + 1``)."""
+        digests, tenant = req.hasher.digests, req.tenant
+        for c, tr in zip(self.caches, req.slide):
+            held = tr.held
+            new_lo = max((computed - c.window + 1) // self.unit, 0)
+            start = max(tr.done, tr.lo)
+            if new_lo > tr.lo:  # units in [start, new_lo) are registered as they are released
+                self._release(c, tr, req, tr.lo, new_lo, start, req.units)
+                tr.lo = new_lo
+            for u in range(max(start, new_lo), req.units):  # registered, still in the window
+                if u not in held:
+                    entry = c.register(digests[u], u, tenant, tuple(t[u] for t in tr.tables))
+                    if entry is not None:
+                        held[u] = entry
+            tr.done = max(tr.done, req.units)
+
+    def trim(self, req: Request, keep_units: int) -> None:
+        """Speculative decoding rolled back: free private pages past ``keep_units``."""
+        free_page = self.index.arena.free_page
+        for tr in req.slide:
+            for t in tr.tables:
+                for p in t[keep_units:]:
+                    free_page(p)
+                del t[keep_units:]
+
+    def free(self, req: Request) -> None:
+        """The request ends: release every held entry, free every private page."""
+        for c, tr in zip(self.caches, req.slide):
+            self._release(c, tr, req, tr.lo, len(tr.tables[0]) if tr.tables else 0)
+        req.slide = []
+
+    def rollback(self, req: Request) -> None:  # pragma: no cover - the count rules it out
+        for c, tr in zip(self.caches, req.slide):
+            for entry in tr.held.values():
+                c.release(entry)
+        req.slide = []
+
+    def _release(
+        self, c: SlidingWindowCache, tr: SlideTrack, req: Request, lo: int, hi: int,
+        reg_lo: int = 0, reg_hi: int = 0,
+    ) -> None:
+        """Let go of units ``[lo, hi)``: private pages are freed, except those of units in
+        ``[reg_lo, reg_hi)`` (registered in full attention by this commit), which are cached
+        unheld as held entries are; held entries stay cached (evictable) if a hit can
+        still use them, else are evicted now.
+
+        Without state every unit boundary with full KV is a possible hit end, so every
+        released entry stays. With state a hit end needs a snapshot, so an entry stays
+        only if a snapshot end (cached, or the request's turn end still to be registered)
+        lies within ``reach`` units after it: caching the rest would only make eviction
+        find them later.
+        """
+        free_page = self.index.arena.free_page
+        if not c.reach:  # a window of one token: no hit reads an older unit
+            keep: list[bool] | None = [False] * (hi - lo)
+        else:
+            keep = self._snapshot_reach(c, req, lo, hi) if self.has_state else None
+        held, digests = tr.held, req.hasher.digests
+        for u in range(lo, hi):
+            entry = held.pop(u, None)
+            if entry is None:
+                if reg_lo <= u < reg_hi and (keep is None or keep[u - lo]):
+                    pages = tuple(t[u] for t in tr.tables)
+                    if c.register(digests[u], u, req.tenant, pages, held=False) is not None:
+                        for t in tr.tables:
+                            t[u] = -1
+                        continue  # the pages are the cache's now
+                for t in tr.tables:
+                    p = t[u]
+                    if p >= 0:
+                        free_page(p)
+            else:
+                c.release(entry)
+                if keep is not None and not keep[u - lo] and not entry.ref:
+                    c.evict(entry)
+            for t in tr.tables:
+                t[u] = -1
+
+    def _snapshot_reach(self, c: SlidingWindowCache, req: Request, lo: int, hi: int) -> list[bool]:
+        """For each unit in ``[lo, hi)``: whether a snapshot end ``e`` with
+        ``e - reach <= u < e`` exists on the request's path (one sweep from the right)."""
+        digests, handles, unit = req.hasher.digests, self.index.handles, self.unit
+        top = min(hi + c.reach, len(digests))
+        rb = req.rolling_boundary
+        out = [False] * (hi - lo)
+        nearest = -1  # the lowest snapshot end above the unit being looked at
+        for e in range(top, lo, -1):
+            node = handles.get(digests[e - 1])
+            if (node is not None and node.snap >= 0) or e * unit == rb:
+                nearest = e
+            u = e - 1
+            if u < hi and nearest > u and nearest - c.reach <= u:
+                out[u - lo] = True
+        return out

@@ -1,0 +1,107 @@
+"""What a commit registers: a request's computed full units become cached KV, its saved
+states cached snapshots (with quotas, duplicates and the marginal value of each snapshot).
+
+Kept apart from :mod:`hybridcache.manager`, which decides *when* (commit, free); this
+module is *what* a registration does to the index. It reads the manager's parts (index,
+arena, metrics, config: the adaptive manager swaps the config) through the manager.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.manager import HybridCacheManager
+    from hybridcache.requests import Request
+
+
+class CommitRegistrar:
+    """Registers a manager's committed units and snapshots (module docstring)."""
+
+    def __init__(self, manager: HybridCacheManager) -> None:
+        self._m = manager
+
+    def register_units(self, req: Request, full_units: int) -> None:
+        m = self._m
+        index, digests, quota = m.index, req.hasher.digests, self.quota(req.tenant)
+        registered, i = 0, req.units
+        while i < full_units:
+            if index.has_kv_at(digests, i, req.held_run(i - 1) if i else None):
+                # Cached already (past a snapshot-limited hit, or computed meanwhile by
+                # another request): keep our private pages, hold the cached ones.
+                j, path = index.kv_path(digests, full_units)  # exact: walked from unit 0
+                dups = [(run, end) for run, end in path if run.first + end > i]
+                index.hold_runs(dups)
+                req.holds += dups
+                req.dup_pages.extend(range(i, j))
+                i = req.units = j
+                continue
+            end = full_units
+            if quota is not None:
+                room = (quota - index.tenant_bytes.get(req.tenant, 0)) // index.node_kv_bytes
+                if room <= 0:
+                    m.metrics.quota_rejections += 1
+                    break
+                end = min(end, i + room)
+            # Depth-independent value: a prefix's head must never rank below its tail,
+            # or value eviction drops heads first and strands unreachable tails.
+            last = req.holds[-1] if req.holds else None
+            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, m._unit_flops, last)
+            assert got is not None, "unit without KV registered by no one"
+            hold, n = got
+            if last is not None and hold[0] is last[0]:
+                req.holds[-1] = hold  # the new units extended the run we held
+            else:
+                req.holds.append(hold)
+            i = req.units = i + n
+            registered += n * len(req.pages)
+        m.metrics.kv_pages_registered += registered
+
+    def register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
+        m = self._m
+        index, u = m.index, boundary // m.unit - 1
+        if u >= req.units:  # not registered by this request: no KV it holds
+            m.arena.free_slot(slot)
+            return
+        node = index.handles.get(req.hasher.digests[u])
+        run = node.run if node is not None else req.held_run(u)
+        if run is None or (node is not None and node.snap >= 0):
+            m.arena.free_slot(slot)  # duplicate or unregistered KV: drop
+            return
+        quota = self.quota(req.tenant)
+        if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
+            m.metrics.quota_rejections += 1
+            m.arena.free_slot(slot)
+            return
+        if node is None:
+            node = index.handle(run, u - run.first)
+        prev = req.last_snapshot_boundary(boundary)
+        flops = m.spec.flops.prefill_flops(prev, boundary)
+        m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
+        m.metrics.snapshots_saved += 1
+
+    def demote_prompt_end(self, req: Request, turn_end: int) -> None:
+        """Rank an unused prompt-end snapshot last once the turn-end one is cached.
+
+        The next turn resumes from the turn end, so the prompt-end state only serves a
+        repeat of the same prompt: it stays cached while memory is free (requests running
+        concurrently with the same prompt need it) and goes first under pressure. Branch
+        points (the prompt was a repeat already) keep their rank.
+        """
+        m = self._m
+        b = (req.prompt_len - 1) // m.unit * m.unit
+        if not 0 < b < turn_end <= req.units * m.unit or req.kv_hit_tokens >= b:
+            return
+        get, digests = m.index.handles.get, req.hasher.digests
+        node, end_node = get(digests[b // m.unit - 1]), get(digests[turn_end // m.unit - 1])
+        if node is None or end_node is None:
+            return
+        if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
+            m.index.demote_snapshot(node)
+
+    def quota(self, tenant: str | None) -> int | None:
+        m = self._m
+        q = m.config.tenant_quotas
+        if not q:
+            return None
+        return q.get(tenant if tenant is not None else "", q.get("*"))
