@@ -50,7 +50,9 @@ def adaptive_rate(trace: Trace, spec, capacity: int) -> tuple[float, Replay]:
 def test_selected_by_config(kimi):
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     assert isinstance(m, AdaptiveManager)
-    assert m.admission == HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0][1])).admission
+    first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0][1])).admission
+    # The turn-end rule waits for a request whose output tokens are known.
+    assert m.admission == dataclasses.replace(first, turn_end=False) and first.turn_end
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
 
 
@@ -121,6 +123,52 @@ def test_follows_a_workload_that_changes_kind(kimi):
     rates = fixed_rates(half, kimi, cap)
     assert any(at > len(first) for at, _ in mgr.switches), mgr.switches
     assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
+
+
+def test_turn_end_rule_waits_for_known_outputs(kimi):
+    """Block-level traces never append outputs: a turn-end state would hold a slot while
+    the request runs and serve nothing; the first request with outputs turns it on."""
+    import numpy as np
+
+    m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
+    prompt = np.arange(1, 3001, dtype=np.uint32)
+    for rid, out in (("a", 0), ("b", 100)):
+        m.add_request(rid, prompt)
+        m.allocate(rid, 3000 + out - m.match(rid).hit_tokens)
+        if out:
+            m.append_tokens(rid, np.arange(7000, 7000 + out, dtype=np.uint32))
+        m.commit(rid, 3000 + out)
+        assert not m.admission.turn_end
+        m.free(rid)
+    assert m.outputs_known and m.admission.turn_end
+
+
+def test_chain_keys_sample_sessions_behind_a_shared_prefix():
+    """Sessions behind one system prompt get their own keys, stable across their turns;
+    a root that never split (one session extending itself) is one family."""
+    from hybridcache.shadow import ChainKeys
+
+    keys = ChainKeys()
+    sys_prompt = [b"s0", b"s1"]
+    a1, b1 = sys_prompt + [b"a2"], sys_prompt + [b"b2", b"b3"]
+    assert keys.key(a1) == b"s0"  # nothing to split on yet
+    assert keys.key(a1 + [b"a3"]) == b"s0"  # an extension
+    assert keys.key(b1) == b"b2"  # split at depth 2
+    assert keys.key(a1 + [b"a3", b"a4"]) == b"a2"
+    assert keys.key(b1 + [b"b4"]) == b"b2"
+    assert keys.key(sys_prompt) == b"s0"  # no unit of its own
+    assert keys.key([b"x0", b"x1"]) == b"x0" and keys.key([b"x0", b"x1", b"x2"]) == b"x0"
+
+
+def test_paired_difference_needs_a_consistent_lead():
+    from hybridcache.shadow import PairedDifference
+
+    steady, noisy = PairedDifference(), PairedDifference()
+    for i in range(40):
+        steady.add(1.0 + (i % 2) * 0.1, 1.0)
+        noisy.add(10.0 if i % 2 else -9.0, 1.0)
+    assert steady.z(24) > 3.0 > noisy.z(24)
+    assert PairedDifference().z(1) == 0.0
 
 
 def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):
