@@ -3,6 +3,8 @@ the KV pages it needs: the two properties hybridcache's default policy relies on
 
 from __future__ import annotations
 
+import pytest
+
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.port import EnginePort
 from hybridcache.sim.policies import stateless
@@ -54,15 +56,9 @@ def test_min_seen_from_the_config_is_applied(kimi):
     assert mgr.add_request("4", p).hit_tokens == 992
 
 
-def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
-    """KV and state valued as one: KV on a path past its last snapshot serves no hit until a
-    state exists there, so it is evicted before any KV that a snapshot makes usable.
-
-    a and b each leave 13 units of output KV past their prompt-end snapshot (no turn-end
-    rule). c needs 40 pages more than are free: the 26 stranded units must all go before
-    the first usable one. Without the rule, value eviction drains a's run tail first,
-    stranded and usable alike, while b's stranded tail stays."""
-    cfg = CacheConfig(eviction="value", admission="last-token")
+def _eviction_order(kimi, eviction: str) -> list[bool]:
+    """Which KV evictions were stranded units, in order (see the test below)."""
+    cfg = CacheConfig(eviction=eviction, admission="last-token")
     probe = HybridCacheManager(kimi, 1 << 30, cfg)
     mgr = HybridCacheManager(kimi, 4 * probe.layout.block_bytes, cfg)
     ppb = mgr.layout.pages_per_block
@@ -82,8 +78,29 @@ def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
     c = toks((free_pages + 40) * 16, 13)
     m = mgr.add_request("c", c)
     mgr.allocate("c", len(c) - m.hit_tokens)
-    order = [ev.digests[0] in stranded for ev in port.take_events()
-             if ev.action == "removed" and ev.kind == "kv"]
+    return [ev.digests[0] in stranded for ev in port.take_events()
+            if ev.action == "removed" and ev.kind == "kv"]
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru", "marconi"])
+def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi, eviction):
+    """KV and state valued as one, in every policy: KV on a path past its last snapshot
+    serves no hit until a state exists there, so it is evicted before any KV that a
+    snapshot makes usable.
+
+    a and b each leave 13 units of output KV past their prompt-end snapshot (no turn-end
+    rule). c needs 40 pages more than are free: the 26 stranded units must all go before
+    the first usable one. Without the rule, value eviction drains a's run tail first,
+    stranded and usable alike, while b's stranded tail stays; LRU drains a's (older) units,
+    stranded and usable, before b's stranded ones (see the lru-plain case below)."""
+    order = _eviction_order(kimi, eviction)
     assert order.count(True) == 26 and False in order
     first_usable = order.index(False)
     assert all(order[:first_usable]) and first_usable == 26, order
+
+
+def test_plain_lru_keeps_stranded_kv_behind_usable_kv(kimi):
+    """The mutation check of the test above: LRU without the rule (``lru-plain``, vLLM's
+    free-block order) evicts a usable unit while stranded ones stay."""
+    order = _eviction_order(kimi, "lru-plain")
+    assert not all(order[:26]), order
