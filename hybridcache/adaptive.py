@@ -40,10 +40,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
+from hybridcache.errors import UnknownNameError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.plans import CacheConfig
+from hybridcache.policies.value import WEIGHTINGS
 from hybridcache.shadow import ChainKeys, PairedDifference, ShadowCache, sample_key
 from hybridcache.spec import ModelSpec
 
@@ -88,39 +91,60 @@ def _round_up(n: float, unit: int) -> int:
     return max(unit, -(-int(math.ceil(n)) // unit) * unit)
 
 
-def candidate_settings(spec: ModelSpec, unit: int) -> list[tuple[str, str, bool]]:
-    """``(name, admission, frequency weighting)`` of the candidates; the first is where the
-    live cache starts (the fixed policy's setting).
+class Candidate(NamedTuple):
+    """One setting the adaptive manager can follow: admission rules, value eviction's
+    weighting (:data:`~hybridcache.policies.value.WEIGHTINGS`) and ``min_seen``."""
 
-    Densities are in the model's tokens-per-snapshot (the KV-equivalent of one snapshot);
-    eviction is value eviction with or without frequency weighting (without it, KV runs of
-    equal cost rank by recency: LRU-like over whole contexts, which long agent contexts with
-    heavy-tailed think times favour).
+    name: str
+    admission: str
+    weighting: str = "gdsf"
+    min_seen: int = 1
+
+
+def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
+    """The candidates; the first is where the live cache starts (the fixed policy's setting).
+
+    Densities are in the model's tokens-per-snapshot (the KV-equivalent of one snapshot),
+    so nothing here comes from a trace. Beside the fixed policy's setting and its
+    variations (no frequency term, no checkpoints, no prompt-end snapshot), the set holds
+    the settings of the peers that lead somewhere, so that following the best candidate can
+    reach them: SGLang's (prompt end and turn end, LRU: ``recency`` weighting, which long
+    agent contexts with heavy-tailed think times favour), SGLang with dense checkpoints
+    (1/16x, branch points, LRU: free hits with memory to spare) and vLLM's align mode's
+    admission (a state only for a boundary seen twice).
     """
     if not spec.has_state or not spec.kv_bytes_per_token:
-        return [("no-state", BASE_RULES, True)]
+        return [Candidate("no-state", BASE_RULES)]
     tps = spec.snapshot_bytes / spec.kv_bytes_per_token
 
     def every(d: float) -> str:
         return BASE_RULES if d == 0 else f"{BASE_RULES}+interval:{_round_up(d * tps, unit)}"
 
-    grid = ((3.0, True), (3.0, False), (0.0, True), (1.0, False), (1.0 / 16, False))
-    out: list[tuple[str, str, bool]] = []
-    for d, freq in grid:
-        adm = every(d)
-        name = ("checkpoints-none" if d == 0 else f"checkpoints-{d:g}x") + ("" if freq else "-recency")
-        if (adm, freq) not in ((a, f) for _, a, f in out):
-            out.append((name, adm, freq))
-    out.append(("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}", True))
+    grid = [
+        Candidate("checkpoints-3x", every(3.0)),
+        Candidate("checkpoints-3x-gds", every(3.0), "gds"),
+        Candidate("checkpoints-none", every(0.0)),
+        Candidate("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}"),
+        Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
+        Candidate("checkpoints-1/16x-recency", every(1.0 / 16), "recency"),
+        Candidate("seen-twice", every(3.0), "gdsf", 2),
+    ]
+    out: list[Candidate] = []
+    for c in grid:
+        if all(c[1:] != o[1:] for o in out):
+            out.append(c)
     return out
 
 
-def set_frequency_weighting(mgr: HybridCacheManager, freq: bool) -> None:
-    """Turn value eviction's frequency term on or off (no-op for other policies): entries
-    queued already keep their rank until they are touched again."""
+def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
+    """Set value eviction's weighting (no-op for other policies): entries queued already
+    keep their rank until they are touched again."""
+    if weighting not in WEIGHTINGS:
+        raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(WEIGHTINGS)}")
     for q in (mgr.index.kv_q, mgr.index.snap_q):
         if hasattr(q, "freq"):
-            q.freq = freq
+            q.freq = weighting == "gdsf"
+            q.uniform = weighting == "recency"
 
 
 class AdaptiveManager(HybridCacheManager):
@@ -133,8 +157,9 @@ class AdaptiveManager(HybridCacheManager):
     def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
         cfg = config or CacheConfig(admission=ADAPTIVE)
         self.candidates = candidate_settings(spec, cfg.hash_unit)
-        super().__init__(spec, capacity_bytes, replace(cfg, admission=self.candidates[0][1]))
-        set_frequency_weighting(self, self.candidates[0][2])
+        first = self.candidates[0]
+        super().__init__(spec, capacity_bytes, replace(cfg, admission=first.admission, min_seen=first.min_seen))
+        set_weighting(self, self.candidates[0].weighting)
         #: Whether requests' output tokens are known (appended before free): until one is,
         #: the turn-end rule is off in the live cache. A state after outputs no later prompt
         #: can be matched against (block-level traces) only holds a slot while the request
@@ -143,7 +168,7 @@ class AdaptiveManager(HybridCacheManager):
         self._rules = self.admission
         self._use(self._rules)
         self.adaptive_config = cfg
-        self.current = self.candidates[0][0]
+        self.current = first.name
         self.switches: list[tuple[int, str]] = [(0, self.current)]
         self._lead: tuple[str | None, int] = (None, 0)
         self.finished = 0
@@ -177,10 +202,10 @@ class AdaptiveManager(HybridCacheManager):
         self._under_pressure = False
         self._credit = float(self._burst)
         base = replace(self.adaptive_config, tenant_quotas=None)
-        for name, adm, freq in self.candidates:
-            shadow = ShadowCache(name, self.spec, cap, replace(base, admission=adm))
-            set_frequency_weighting(shadow.mgr, freq)
-            shadow.freq = freq
+        for c in self.candidates:
+            shadow = ShadowCache(c.name, self.spec, cap, replace(base, admission=c.admission, min_seen=c.min_seen))
+            set_weighting(shadow.mgr, c.weighting)
+            shadow.weighting = c.weighting
             self.shadows.append(shadow)
         kv = self.spec.kv_bytes_per_token or 1
         self._decay_per_token = kv / (WINDOW_FILLS * cap)
@@ -278,8 +303,8 @@ class AdaptiveManager(HybridCacheManager):
             self._lead = (None, 0)
             self._reset_pairs()
             self._use(best.admission)
-            set_frequency_weighting(self, best.freq)
-            self.config = replace(self.config, admission=best.config.admission)
+            set_weighting(self, best.weighting)
+            self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
             self.current = best.name
             self.switches.append((self.finished, best.name))
 
@@ -315,7 +340,8 @@ class AdaptiveManager(HybridCacheManager):
             "overhead_units": self.shadow_units / self.live_units if self.live_units else 0.0,
             "switches": list(self.switches),
             "sampled": self.sampled,
-            "shadows": {s.name: {"admission": s.config.admission, "score": s.score,
+            "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
+                                 "min_seen": s.config.min_seen, "score": s.score,
                                  "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
                                  "lead_z": s.pair.z(1.0)}
                         for s in self.shadows},

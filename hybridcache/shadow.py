@@ -129,7 +129,7 @@ class ShadowCache:
         self.config = config
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
         self._flops = spec.flops.prefill_flops
-        self.freq = True  # frequency weighting of value eviction (set by the adaptive manager)
+        self.weighting = "gdsf"  # value eviction's weighting (set by the adaptive manager)
         self.score = 0.0
         self.last = 0.0  # FLOPs saved on the last request fed
         self.pair = PairedDifference()  # against the live candidate (the adaptive manager's)

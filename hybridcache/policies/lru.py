@@ -6,7 +6,7 @@ is ranked first, below every entry of either queue (``STRANDED``), and the run's
 is checked when it goes. SGLang's hybrid radix cache does the same when it deletes a leaf
 left without its Mamba state (``_iteratively_delete_tombstone_leaf``). ``lru-plain`` is
 LRU without the rule: vLLM's free-block queue, whose KV blocks past the last cached state
-age like any other (the ``vllm-align`` emulation).
+age like any other (the ``vllm-align`` emulation; :mod:`.lru_plain`).
 """
 
 from __future__ import annotations
@@ -114,14 +114,13 @@ class StrandedLRUQueue(LRUQueue):
                 od[item] = STRANDED
                 od.move_to_end(item, last=False)
         elif item in self._demoted:
+            # It got a state (a turn-end snapshot is registered after its request released
+            # the run): back to its tick, at the recent end, where a tick that recent sits.
             od[item] = self._demoted.pop(item)
+            od.move_to_end(item)
 
 
 @register_policy("lru")
 def build_lru(settings: PolicySettings) -> PolicyParts:
     return PolicyParts(StrandedLRUQueue(), LRUQueue())
 
-
-@register_policy("lru-plain")
-def build_lru_plain(settings: PolicySettings) -> PolicyParts:
-    return PolicyParts(LRUQueue(), LRUQueue())

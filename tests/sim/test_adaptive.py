@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_frequency_weighting
+from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
@@ -35,10 +35,10 @@ def _second_half(run: Replay) -> float:
 def fixed_rates(trace: Trace, spec, capacity: int) -> dict[str, float]:
     """Second-half token hit rate of every candidate setting replayed as a fixed policy."""
     out = {}
-    for name, adm, freq in candidate_settings(spec, 16):
-        run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=adm))
-        set_frequency_weighting(run.mgr, freq)
-        out[name] = _second_half(run)
+    for c in candidate_settings(spec, 16):
+        run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=c.admission, min_seen=c.min_seen))
+        set_weighting(run.mgr, c.weighting)
+        out[c.name] = _second_half(run)
     return out
 
 
@@ -50,7 +50,7 @@ def adaptive_rate(trace: Trace, spec, capacity: int) -> tuple[float, Replay]:
 def test_selected_by_config(kimi):
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     assert isinstance(m, AdaptiveManager)
-    first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0][1])).admission
+    first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0].admission)).admission
     # The turn-end rule waits for a request whose output tokens are known.
     assert m.admission == dataclasses.replace(first, turn_end=False) and first.turn_end
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
@@ -59,8 +59,8 @@ def test_selected_by_config(kimi):
 def test_candidates_are_relative_to_the_model(kimi):
     for spec in (kimi, get_preset("qwen3-next-80b")):
         tps = spec.snapshot_bytes / spec.kv_bytes_per_token
-        intervals = sorted({int(a.rpartition("interval:")[2]) for _, a, _ in candidate_settings(spec, 16)
-                            if "interval:" in a})
+        intervals = sorted({int(c.admission.rpartition("interval:")[2]) for c in candidate_settings(spec, 16)
+                            if "interval:" in c.admission})
         assert intervals[-1] >= 3 * tps > intervals[0]
 
 

@@ -104,3 +104,40 @@ def test_plain_lru_keeps_stranded_kv_behind_usable_kv(kimi):
     free-block order) evicts a usable unit while stranded ones stay."""
     order = _eviction_order(kimi, "lru-plain")
     assert not all(order[:26]), order
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru", "marconi"])
+def test_kv_that_branches_lead_through_is_not_stranded(kimi, eviction):
+    """A run's tail past its last snapshot is stranded only while no run branches off it.
+
+    a leaves units 62..74 past its prompt-end snapshot (end of unit 61); b and c branch off
+    a's unit 67 (they diverge at token 1100) and end at snapshots of their own. a's units
+    68..74 serve nothing (stranded); 62..67 lead to b's and c's snapshots. Evicting the
+    stranded units (and b's one-unit stranded tail) must leave b's path whole. Fails when
+    the stranded test ignores branches: the rule then strips a down to its snapshot and
+    cuts b and c off."""
+    import numpy as np
+
+    mgr = HybridCacheManager(kimi, 4 << 30, CacheConfig(eviction=eviction, admission="last-token"))
+
+    def serve(rid, prompt, out=0):
+        m = mgr.add_request(rid, prompt)
+        mgr.allocate(rid, len(prompt) + out - m.hit_tokens)
+        if out:
+            mgr.append_tokens(rid, toks(out, 99))
+        mgr.commit(rid, len(prompt) + out)
+        mgr.free(rid)
+        return m.hit_tokens
+
+    a = list(toks(1000, 1)) + list(toks(200, 99))
+    serve("a", np.array(a[:1000], dtype=np.uint32), 200)
+    b = np.array(a[:1100] + list(toks(500, 2)), dtype=np.uint32)
+    assert serve("b", b) == 992
+    assert serve("c", np.array(a[:1100] + list(toks(400, 3)), dtype=np.uint32)) == 992
+    for _ in range(7 + 1):  # a's stranded 68..74 and b's stranded last unit
+        assert mgr.index.evict_one()
+    assert mgr.add_request("b2", b).hit_tokens == 1584
+    mgr.free("b2")
+    # What the policy is told about a's run now: its tail (unit 67) leads to b and c.
+    (run_a,) = [r for r in mgr.index.heads.values() if r.first == 0]
+    assert len(run_a.digests) == 68 and not mgr.index.kv_q.stranded(run_a)
