@@ -72,6 +72,14 @@ BURST_FILLS = 1
 EXPLORE_PAIRS = 96  # 2 x CONFIRM x EVAL_EVERY
 EVAL_EVERY = 8
 CONFIRM = 6
+#: ... and, where the shadows are miniatures (rate < 1), the lead must not be sampling
+#: noise: its mean per request (a paired sample: every shadow saw the request) this many
+#: standard errors above zero over at least MIN_PAIRS requests. At rate 1 the shadows see
+#: what the live cache sees and the margin rule alone decides (with the test, 300 chat
+#: requests at 1 GiB never switched to the candidate that was 0.02 better). Without it, shadows that hit on a handful of Mooncake's 121 sampled
+#: requests at 8 GiB switched on those (0.097 against the fixed setting's 0.109).
+Z_SWITCH = 2.0
+MIN_PAIRS = 24.0
 SWITCH_MARGIN = 0.03
 #: The margin when the shadows see every request (rate 1): no sampling error to allow for;
 #: between the two, the margin falls linearly with the rate.
@@ -160,11 +168,15 @@ class AdaptiveManager(HybridCacheManager):
         first = self.candidates[0]
         super().__init__(spec, capacity_bytes, replace(cfg, admission=first.admission, min_seen=first.min_seen))
         set_weighting(self, self.candidates[0].weighting)
-        #: Whether requests' output tokens are known (appended before free): until one is,
-        #: the turn-end rule is off in the live cache. A state after outputs no later prompt
-        #: can be matched against (block-level traces) only holds a slot while the request
-        #: runs, and the shadows, replaying what was computed and known, never see it.
-        self.outputs_known = False
+        #: Whether requests' output tokens are known (appended before free). The last
+        #: request that computed past its prompt decides; while they are not, the turn-end
+        #: rule is off in the live cache: a state after outputs no later prompt can be
+        #: matched against (block-level traces) only holds a slot while the request runs,
+        #: and the shadows, replaying what was computed and known, never see it. It starts
+        #: on, as engines append outputs: starting off cost 0.08 of hit rate on docs at
+        #: 1 GiB (one missing turn-end state on the first request changed what a 24-block
+        #: cache kept from then on).
+        self.outputs_known = True
         self._rules = self.admission
         self._use(self._rules)
         self.adaptive_config = cfg
@@ -179,8 +191,8 @@ class AdaptiveManager(HybridCacheManager):
         k = len(self.candidates)
         self.rate = 1.0 if k < 2 else min(1.0, max(OVERHEAD_BUDGET / k, MIN_SHADOW_BLOCKS / blocks))
         self.keys = ChainKeys()
-        self._seen: set[bytes] = set()  # chain keys of finished requests (counted up to a cap)
-        self._seen_before = 0  # their count at the last check
+        self._keys_seen: set[bytes] = set()  # chain keys of finished requests (counted up to a cap)
+        self._keys_before = 0  # their count at the last check
         #: Whether the shadows are fed now (the budget's phases) and the bucket's units.
         self.running = True
         self.shadow_units = 0
@@ -217,8 +229,8 @@ class AdaptiveManager(HybridCacheManager):
             total = min(req.num_computed, req.num_tokens)
             # A request freed before its prompt was computed (chunked prefill cut short) is
             # not a request the shadows can replay.
-            if not self.outputs_known and req.num_tokens > req.prompt_len:
-                self.outputs_known = True
+            if req.num_computed > req.prompt_len and self.outputs_known != (req.num_tokens > req.prompt_len):
+                self.outputs_known = not self.outputs_known
                 self._use(self._rules)
             if digests and total >= req.prompt_len:
                 self._sample(digests, req.prompt_len, total, req.tenant)
@@ -234,8 +246,8 @@ class AdaptiveManager(HybridCacheManager):
         the budget allows, and check the sample's families now and then."""
         self.finished += 1
         key = self.keys.key(digests)
-        if len(self._seen) < MAX_COUNTED_FAMILIES:
-            self._seen.add(key)
+        if len(self._keys_seen) < MAX_COUNTED_FAMILIES:
+            self._keys_seen.add(key)
         work = len(digests) + 1
         self.live_units += work
         self._credit = min(self._burst, self._credit + OVERHEAD_BUDGET * work)
@@ -277,10 +289,12 @@ class AdaptiveManager(HybridCacheManager):
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
         in a row (an early lead on a few requests, before the cache is full, is noise).
 
-        Each shadow also keeps the paired per-request difference against the current
-        candidate (:class:`~hybridcache.shadow.PairedDifference`, reported by
-        :meth:`adaptive_stats`); as a switching rule alone (a lead of 3 standard errors)
-        it never switched on 300 chat requests at 1 GiB where the margin rule does.
+        It must also be significant: each shadow keeps the paired per-request difference
+        against the current candidate (:class:`~hybridcache.shadow.PairedDifference`), and
+        the leader's must be ``Z_SWITCH`` standard errors above zero when the shadows are
+        miniatures (rate < 1). As the only rule (at
+        3 standard errors) it never switched on 300 chat requests at 1 GiB where the
+        margin rule does; as a second condition it stops switches on a handful of hits.
         """
         self._under_pressure = all(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"]
                                    for s in self.shadows)
@@ -299,7 +313,7 @@ class AdaptiveManager(HybridCacheManager):
             return
         name, times = self._lead
         self._lead = (best.name, times + 1 if name == best.name else 1)
-        if self._lead[1] >= CONFIRM:
+        if self._lead[1] >= CONFIRM and (self.rate >= 1.0 or best.pair.z(MIN_PAIRS) >= Z_SWITCH):
             self._lead = (None, 0)
             self._reset_pairs()
             self._use(best.admission)
@@ -320,8 +334,8 @@ class AdaptiveManager(HybridCacheManager):
         family count has levelled off (it grew by less than a quarter over the last span):
         while new families keep coming (sessions) the sample fills up at the same rate."""
         self._checked_finished = self.finished
-        seen, before = len(self._seen), self._seen_before
-        self._seen_before = seen
+        seen, before = len(self._keys_seen), self._keys_before
+        self._keys_before = seen
         if self.rate >= 1.0 or len(self._families) >= MIN_FAMILIES:
             return
         if not self.index.evictions["kv"] + self.index.evictions["state"] or seen - before > before / 4:

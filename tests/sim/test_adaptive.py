@@ -51,8 +51,7 @@ def test_selected_by_config(kimi):
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     assert isinstance(m, AdaptiveManager)
     first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0].admission)).admission
-    # The turn-end rule waits for a request whose output tokens are known.
-    assert m.admission == dataclasses.replace(first, turn_end=False) and first.turn_end
+    assert m.admission == first and first.turn_end
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
 
 
@@ -125,22 +124,22 @@ def test_follows_a_workload_that_changes_kind(kimi):
     assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
 
 
-def test_turn_end_rule_waits_for_known_outputs(kimi):
+def test_turn_end_rule_follows_whether_outputs_are_known(kimi):
     """Block-level traces never append outputs: a turn-end state would hold a slot while
-    the request runs and serve nothing; the first request with outputs turns it on."""
+    the request runs and serve nothing. A request that computed outputs it never appended
+    turns the rule off; one that appended them turns it back on."""
     import numpy as np
 
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     prompt = np.arange(1, 3001, dtype=np.uint32)
-    for rid, out in (("a", 0), ("b", 100)):
+    for rid, appended, known in (("a", False, False), ("b", True, True)):
         m.add_request(rid, prompt)
-        m.allocate(rid, 3000 + out - m.match(rid).hit_tokens)
-        if out:
-            m.append_tokens(rid, np.arange(7000, 7000 + out, dtype=np.uint32))
-        m.commit(rid, 3000 + out)
-        assert not m.admission.turn_end
+        m.allocate(rid, 3100 - m.match(rid).hit_tokens)
+        if appended:
+            m.append_tokens(rid, np.arange(7000, 7100, dtype=np.uint32))
+        m.commit(rid, 3100)
         m.free(rid)
-    assert m.outputs_known and m.admission.turn_end
+        assert m.outputs_known is known and m.admission.turn_end is known
 
 
 def test_chain_keys_sample_sessions_behind_a_shared_prefix():
