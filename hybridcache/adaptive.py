@@ -6,11 +6,12 @@ memory is plentiful, and waste a third of the cache when prompts only ever exten
 previous turn. No fixed constant is right everywhere, so :class:`AdaptiveManager` measures
 instead of guessing:
 
-- a small set of *candidate* settings (:func:`candidate_settings`) spans
-  checkpoint density (none, and one every 3x, 1x and 1/16x the model's tokens-per-snapshot,
-  the KV-equivalent of one snapshot: densities are relative to the model, not to a trace)
-  and the rules (with and without the prompt-end snapshot), and value eviction with and
-  without its frequency term (:func:`set_frequency_weighting`);
+- a small set of *candidate* settings (:func:`candidate_settings`) spans checkpoint
+  density (none, and one every 3x and 1/16x the model's tokens-per-snapshot, the
+  KV-equivalent of one snapshot: densities are relative to the model, not to a trace), the
+  rules (with and without the prompt-end snapshot, branch points, ``min_seen=2``) and value
+  eviction's weighting (:func:`set_weighting`: GreedyDual-Size-Frequency, without the
+  frequency term, or by recency alone), including the settings of the peers that lead;
 - each candidate runs as a shadow cache (:mod:`hybridcache.shadow`) over a spatial sample of
   the finished requests (by chain key: :class:`~hybridcache.shadow.ChainKeys`), at the
   sampling rate times the live budget. The rate is the overhead budget split over the
@@ -27,13 +28,15 @@ instead of guessing:
   ``EVAL_EVERY`` sampled requests the live manager adopts the candidate whose shadow
   saved the most prefill FLOPs over a recent window, once it beat the current one by
   ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
-  lead never flips the policy back and forth). The window
+  lead never flips the policy back and forth) and, for miniature shadows, by ``Z_SWITCH``
+  standard errors of its paired per-request lead. The window
   decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS`` shadow
   budgets' worth: long enough to see the cache turn over, short enough to follow a shift.
 
 Select it with ``CacheConfig(admission="adaptive")``: :class:`HybridCacheManager` returns an
 :class:`AdaptiveManager` for that setting, so engines and the simulator get it by name.
-What it costs: every sampled request is replayed once per candidate (bookkeeping only).
+What it costs: while the shadows run, every sampled request is replayed once per candidate
+(bookkeeping only); the budget holds the long-run average (docs/adaptive.md).
 """
 
 from __future__ import annotations

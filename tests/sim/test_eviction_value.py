@@ -141,3 +141,60 @@ def test_kv_that_branches_lead_through_is_not_stranded(kimi, eviction):
     # What the policy is told about a's run now: its tail (unit 67) leads to b and c.
     (run_a,) = [r for r in mgr.index.heads.values() if r.first == 0]
     assert len(run_a.digests) == 68 and not mgr.index.kv_q.stranded(run_a)
+
+
+@pytest.mark.parametrize(("weighting", "first_victim"), [("gdsf", "b"), ("recency", "a")])
+def test_recency_weighting_ranks_by_last_release(kimi, weighting, first_victim):
+    """The adaptive policy's ``recency`` weighting ranks by last release alone: a (served
+    three times, so its KV has two hits) was released before b, so it goes first; under
+    the default weighting its hits keep it and b goes first. (KV only: with states, the
+    stranded-KV rule decides once a snapshot went. Between two evictions every release
+    ties on the clock; ties go in release order, KV before states.)"""
+    from hybridcache.adaptive import set_weighting
+
+    mgr = HybridCacheManager(stateless(kimi), 1 << 30, CacheConfig(eviction="value", admission="none"))
+    set_weighting(mgr, weighting)
+    a, b = toks(4001, 21), toks(4001, 22)  # a's hits cover all its 250 units
+    for rid in ("a1", "a2", "a3"):
+        run(mgr, rid, a)
+    run(mgr, "b", b)
+    mgr.add_request("a", a)
+    of_a = set(mgr.requests["a"].hasher.digests)
+    mgr.free("a", finished=False)
+    port = EnginePort(mgr)
+    assert mgr.index.evict_one()
+    (ev,) = [e for e in port.take_events() if e.action == "removed"]
+    assert ("a" if ev.digests[0] in of_a else "b") == first_victim
+
+
+def test_unknown_weighting_is_refused(kimi):
+    from hybridcache.adaptive import set_weighting
+    from hybridcache.errors import UnknownNameError
+
+    mgr = HybridCacheManager(kimi, 8 << 30, CacheConfig(eviction="value"))
+    with pytest.raises(UnknownNameError, match="recency"):
+        set_weighting(mgr, "lfu")
+    assert mgr.index.kv_q.freq and not mgr.index.kv_q.uniform
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru"])
+def test_a_run_that_reconnects_a_split_off_piece_is_not_stranded(kimi, eviction):
+    """Evicting a unit inside a run splits the rest off (unreachable until the unit is
+    registered again). A request that registers it again continues into the piece, whose
+    end has the snapshot: the unit is on that snapshot's path, not stranded. Fails when
+    split-off pieces are not counted as branches: the reconnecting unit is then ranked
+    first (as stranded) and the path breaks again at the next eviction."""
+    mgr = HybridCacheManager(kimi, 4 << 30, CacheConfig(eviction=eviction, admission="last-token"))
+    a = toks(2001, 31)  # snapshot at 2000, the end of unit 124
+    run(mgr, "a1", a)
+    (head,) = mgr.index.heads.values()
+    mgr.index.evict_kv(mgr.index.handle(head, 60))  # units 61..124 split off
+    assert mgr.add_request("a2", a).hit_tokens == 0
+    mgr.free("a2", finished=False)
+    run(mgr, "a3", a)  # registers unit 60 again: the path to the snapshot is whole
+    assert mgr.add_request("a4", a).hit_tokens == 2000
+    unit60 = mgr.requests["a4"].hasher.digests[60]
+    mgr.free("a4", finished=False)
+    (front,) = [r for r in mgr.index.heads.values() if r.first == 0]
+    assert front.digests[-1] == unit60  # the run that reconnects ends at unit 60
+    assert not mgr.index.kv_q.stranded(front)
