@@ -133,6 +133,11 @@ class PrefixIndex:
         #: unit (see kv_path), so the other units need no entry: registering a request's
         #: units adds at most one.
         self.heads: dict[Digest, Run] = {}
+        #: Units that runs branch off: digest of the unit a run's first unit follows -> how
+        #: many runs do (and each such run's head -> that digest). A run's tail with a
+        #: branch off it is on the path of the branch's snapshots: not stranded.
+        self.branches: dict[Digest, int] = {}
+        self._branch_of: dict[Digest, Digest] = {}
         #: Units that have a handle: every snapshot, and KV units someone asked for (a
         #: victim, a per-unit queue's entry, a lookup). At most one handle per digest. A
         #: handle stays while its unit has KV, also after its snapshot is evicted: it keeps
@@ -205,10 +210,12 @@ class PrefixIndex:
         check_index(self)
 
     def _stranded_tail(self, run: Run) -> bool:
-        """KV and state valued as one: a run's tail without a snapshot is KV past the last
-        snapshot on its path, which no hit can use until a state exists there."""
-        node = self.handles.get(run.digests[-1])
-        return node is None or node.snap < 0
+        """KV and state valued as one: a run's tail without a snapshot, and with no run
+        branching off it, is KV past the last snapshot on every path through it, which no
+        hit can use until a state exists there."""
+        d = run.digests[-1]
+        node = self.handles.get(d)
+        return (node is None or node.snap < 0) and d not in self.branches
 
     # ------------------------------------------------------------------ units
     def handle(self, run: Run, pos: int) -> UnitHandle:
@@ -374,6 +381,10 @@ class PrefixIndex:
             ))
         if fresh:
             heads[ds[0]] = run
+            if first and self.snap_bytes:
+                parent = digests[first - 1]
+                self.branches[parent] = self.branches.get(parent, 0) + 1
+                self._branch_of[ds[0]] = parent
         bare = self.bare
         if bare and not bare.keys().isdisjoint(ds):  # snapshot-only units get their KV back
             for d in ds:
@@ -459,6 +470,13 @@ class PrefixIndex:
                 cache.drop_unit(node.digest)
         if pos == 0:
             del self.heads[node.digest]
+            parent = self._branch_of.pop(node.digest, None)
+            if parent is not None:
+                left = self.branches[parent] - 1
+                if left:
+                    self.branches[parent] = left
+                else:
+                    del self.branches[parent]
         tail = None
         if pos == len(run.digests) - 1:
             pop_tail(run)
@@ -467,6 +485,9 @@ class PrefixIndex:
         self.kv_q.run_changed(run)
         if tail is not None:
             self.heads[tail.digests[0]] = tail
+            if self.snap_bytes:  # a run that registers this unit again continues into it
+                self.branches[node.digest] = self.branches.get(node.digest, 0) + 1
+                self._branch_of[tail.digests[0]] = node.digest
             handles = self.handles
             if handles:
                 for d in tail.digests:  # rare (a unit inside a run): re-point its handles

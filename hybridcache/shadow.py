@@ -7,9 +7,11 @@ beyond its index. Following SHARDS (Waldspurger et al., FAST'15) and "Cache Mode
 Optimization using Miniature Simulations" (ATC'17), the shadow sees only the requests
 whose *sampling key* hashes below a rate ``r`` and holds ``r`` times the live budget, so
 that its hit rate estimates the hit rate of the same setting at full size. The key is the
-request's first unit digest: every request of a prefix family (a session, a document and
-its questions, a system prompt's users) shares it, so a sampled family is replayed whole
-and its reuse is seen as the live cache sees it.
+*chain key* of the request (:class:`ChainKeys`): the digest of the first unit past the
+prefix its root (first unit) shares with other chains, so that every turn of a session,
+or every question of a document, shares the key and a sampled family is replayed whole,
+while the sessions behind one system prompt are sampled apart (the first unit alone would
+make them one family: all or nothing).
 
 A shadow is fed a finished request in one go (match, allocate, commit, free) with the
 request's unit digests, so it needs no tokens and hashes nothing.
@@ -17,6 +19,7 @@ request's unit digests, so it needs no tokens and hashes nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from hybridcache.errors import OutOfSpaceError
@@ -35,6 +38,82 @@ def sample_key(digest: bytes) -> float:
     return int.from_bytes(digest[:8], "little") / KEY_SPACE
 
 
+class ChainKeys:
+    """Sampling keys of request chains (digest lists), stable across a session's turns.
+
+    Per root (first unit digest) it keeps a reference chain and the *split*: the shallowest
+    depth at which two chains of the root were seen to differ (the end of a shared system
+    prompt, a document before its questions). A chain's key is its digest at the split
+    (the first unit of its own content), or its root when it is no longer than the split or
+    its root never split (one session extending itself: one family). Unit digests are
+    chained (a digest names its whole prefix), so the first difference is found by binary
+    search. The split only moves towards the root, a few times per root and early (once two
+    families of the root are seen it is where they part), so a family keeps its key.
+    """
+
+    def __init__(self) -> None:
+        # root -> [reference chain (up to the split), split depth (None: never split)]
+        self._roots: dict[bytes, list] = {}
+
+    def __len__(self) -> int:
+        return len(self._roots)
+
+    def key(self, digests: Sequence[bytes]) -> bytes:
+        """The chain's sampling key (its root's entry is updated with the chain)."""
+        root = digests[0]
+        entry = self._roots.get(root)
+        if entry is None:
+            self._roots[root] = [tuple(digests), None]
+            return root
+        ref, split = entry
+        m = min(len(ref), len(digests))
+        if m > 1 and digests[m - 1] != ref[m - 1]:
+            lo, hi = 0, m - 1  # digests[lo] == ref[lo], digests[hi] != ref[hi]
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if digests[mid] == ref[mid]:
+                    lo = mid
+                else:
+                    hi = mid
+            split = hi
+            entry[0], entry[1] = ref[:hi], hi
+        elif split is None and len(digests) > len(ref):
+            entry[0] = tuple(digests)  # an extension: the reference follows the session
+        if split is None or len(digests) <= split:
+            return root
+        return digests[split]
+
+
+class PairedDifference:
+    """Exponentially windowed mean of a per-request difference and its standard error.
+
+    Weights decay by the caller's factor per sample (the window of
+    :attr:`ShadowCache.score`); the effective sample size is ``W**2 / sum(w**2)``.
+    """
+
+    __slots__ = ("w", "w2", "s1", "s2")
+
+    def __init__(self) -> None:
+        self.w = self.w2 = self.s1 = self.s2 = 0.0
+
+    def add(self, d: float, decay: float) -> None:
+        self.w = self.w * decay + 1.0
+        self.w2 = self.w2 * decay * decay + 1.0
+        self.s1 = self.s1 * decay + d
+        self.s2 = self.s2 * decay + d * d
+
+    def z(self, min_n: float) -> float:
+        """Mean over its standard error (0 below ``min_n`` effective samples or when the
+        mean is not positive; infinite for a positive mean with no spread)."""
+        if not self.w or self.w * self.w / self.w2 < min_n or self.s1 <= 0:
+            return 0.0
+        mean = self.s1 / self.w
+        var = max(0.0, self.s2 / self.w - mean * mean)
+        if var <= mean * mean * 1e-12:
+            return math.inf
+        return mean / math.sqrt(var * self.w2 / (self.w * self.w))
+
+
 class ShadowCache:
     """One candidate setting replayed over the sampled requests (see module docstring).
 
@@ -50,8 +129,10 @@ class ShadowCache:
         self.config = config
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
         self._flops = spec.flops.prefill_flops
-        self.freq = True  # frequency weighting of value eviction (set by the adaptive manager)
+        self.weighting = "gdsf"  # value eviction's weighting (set by the adaptive manager)
         self.score = 0.0
+        self.last = 0.0  # FLOPs saved on the last request fed
+        self.pair = PairedDifference()  # against the live candidate (the adaptive manager's)
         self.saved = 0.0
         self.hit_tokens = 0
         self.prompt_tokens = 0
@@ -87,6 +168,7 @@ class ShadowCache:
 
     def _count(self, hit: int, prompt: int, decay: float) -> None:
         saved = self._flops(0, hit) if hit else 0.0
+        self.last = saved
         self.score = self.score * decay + saved
         self.saved += saved
         self.hit_tokens += hit

@@ -16,9 +16,11 @@ hybridcache-   hybridcache's unit and eviction; admission chosen online among a 
 adaptive       settings by shadow caches over a sample of the requests (hybridcache.adaptive).
 vllm-align     unit = vLLM's inflated attention block (:func:`vllm_align_block`); states
                at the last block boundary before the prompt end and at the shared-prefix
-               junction, saved only for a boundary seen before (``min_seen=2``); LRU.
+               junction, saved only for a boundary seen before (``min_seen=2``); LRU
+               without the stranded-KV rule (``lru-plain``: vLLM has none).
 sglang         states at the prompt's last token and the turn end; LRU (SGLang keeps
-               separate KV/state LRU lists, emulated by the manager's two queues).
+               separate KV/state LRU lists, emulated by the manager's two queues; a KV
+               tail past the last state goes first, as SGLang deletes tombstone leaves).
 sglang-extra   sglang + branch points + a 256-token track interval (rounded up to the unit).
 marconi        states at the last token and branch points; Marconi utility eviction,
                alpha tuned on a window of the trace once the cache has filled.
@@ -167,7 +169,8 @@ def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="adaptive", eviction="value"))
     if name == "vllm-align":
         block = vllm_align_block(spec)
-        cfg = CacheConfig(hash_unit=block, admission="last-token+branch-point", eviction="lru", min_seen=2)
+        # lru-plain: vLLM's free-block queue ages KV past the last cached state like any other.
+        cfg = CacheConfig(hash_unit=block, admission="last-token+branch-point", eviction="lru-plain", min_seen=2)
         return PolicySetup(name, spec, cfg)
     if name == "sglang":
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="last-token+turn-end", eviction="lru"))

@@ -23,6 +23,7 @@ import xxhash
 
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.port import EnginePort
 from hybridcache.sim.traces import Trace, TraceRequest
 from hybridcache.spec import ModelSpec
 
@@ -169,6 +170,8 @@ class Replay:
     ) -> None:
         self.trace, self.capacity = trace, capacity_bytes
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
+        #: The engine port's read-only request view (the replay reads no manager internals).
+        self.port = EnginePort(self.mgr, record_events=False)
         self.tally = Tally(spec)
         self.digests: BlockDigests | None = None
         if uses_block_digests(trace, config.hash_unit):
@@ -184,11 +187,11 @@ class Replay:
         t0 = time.perf_counter()
         reqs = self.trace.requests
         stop = len(reqs) if stop is None else min(stop, len(reqs))
-        mgr, tally, trace, digests = self.mgr, self.tally, self.trace, self.digests
+        mgr, port, tally, trace, digests = self.mgr, self.port, self.tally, self.trace, self.digests
         step = max(1, len(reqs) // 100)
         done = 0
         for i in range(self.next, stop):
-            _one(mgr, tally, trace, i, reqs[i], digests)
+            _one(mgr, port, tally, trace, i, reqs[i], digests)
             done += 1
             if progress is not None and done == step:
                 progress(done)
@@ -234,6 +237,7 @@ def replay(
 
 def _one(
     mgr: HybridCacheManager,
+    port: EnginePort,
     tally: Tally,
     trace: Trace,
     i: int,
@@ -259,6 +263,7 @@ def _one(
     if r.output_ids is not None and len(r.output_ids):
         mgr.append_tokens(rid, r.output_ids)
     mgr.commit(rid, total)
-    req = mgr.requests[rid]
+    req = port.request(rid)
+    assert req is not None
     tally.add(tenant or "", r.input_length, alloc.hit_tokens, req.kv_hit_tokens)
     mgr.free(rid)

@@ -190,10 +190,13 @@ def _run_native(trace: Trace, setup: PolicySetup, capacity: int) -> dict[str, ob
 
 
 def _check_capacity(setup: PolicySetup, capacity: int) -> None:
-    from hybridcache.arena import plan_layout
+    """Fail before any replay if ``capacity`` cannot hold the policy's arena: a manager
+    (accounting only, ~1 ms) is built and its layout read through the engine port."""
+    from hybridcache.manager import HybridCacheManager
+    from hybridcache.port import EnginePort
 
     try:
-        plan_layout(setup.spec, capacity, setup.config.hash_unit, setup.config.alignment)
+        _ = EnginePort(HybridCacheManager(setup.spec, capacity, setup.config), record_events=False).layout
     except CapacityError as e:
         raise CapacityError(f"policy {setup.name}: {e}") from None
 

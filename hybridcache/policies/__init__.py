@@ -8,7 +8,8 @@ The :class:`~hybridcache.eviction.Evictor` alone chooses victims, through the po
 queues and chooser, and owns the arena they free.
 
 Built in: ``lru`` (:mod:`.lru`), ``value`` (GreedyDual-Size-Frequency, :mod:`.value`,
-the default) and ``marconi`` (:mod:`.marconi`).
+the default), ``marconi`` (:mod:`.marconi`) and ``lru-plain`` (LRU without the
+stranded-KV rule, as vLLM evicts: :mod:`.lru_plain`).
 """
 
 from __future__ import annotations
@@ -83,4 +84,4 @@ def build_policy(name: str, settings: PolicySettings) -> PolicyParts:
 
 # The built-in policies register on import, in the order the docs list them (last: they
 # import the names above).
-from hybridcache.policies import lru, value, marconi  # noqa: E402, F401, I001
+from hybridcache.policies import lru, value, marconi, lru_plain  # noqa: E402, F401, I001

@@ -12,7 +12,7 @@ from itertools import islice
 from typing import TYPE_CHECKING
 
 from hybridcache.policies import PolicyParts, PolicySettings, register_policy
-from hybridcache.policies.lru import LRUQueue
+from hybridcache.policies.lru import STRANDED, StrandedLRUQueue
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import UnitHandle
@@ -33,8 +33,11 @@ def marconi_utilities(ticks: list[int], effs: list[float], alpha: float) -> list
     return [(e - e0) * re + (t - t0) * rt for t, e in zip(ticks, effs)]
 
 
-class MarconiQueue(LRUQueue):
-    """LRU order plus the per-entry FLOP efficiency that Marconi's utility needs."""
+class MarconiQueue(StrandedLRUQueue):
+    """LRU order plus the per-entry FLOP efficiency that Marconi's utility needs. A
+    stranded run tail (KV past the last snapshot on its path) is ranked first, as in
+    :mod:`.lru`: Marconi evicts a radix node's KV and state together, so its tree never
+    holds KV past a leaf's state; with the two kinds in separate queues the rule keeps it so."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,6 +68,8 @@ def marconi_ranking(
     if not cands:
         return []
     scores = marconi_utilities([c[2] for c in cands], [c[3] for c in cands], alpha)
+    # Stranded tails first, whatever their utility (they serve nothing).
+    scores = [sc - 4.0 - alpha if c[2] == STRANDED else sc for sc, c in zip(scores, cands)]
     # sorted()[:keep] is what nsmallest is defined as (same ties), and in C for ~128 items.
     best = sorted(range(len(scores)), key=scores.__getitem__)[:keep]
     return [(cands[i][0], cands[i][1]) for i in best]
@@ -81,8 +86,25 @@ class MarconiChooser:
     def choose(self, pred: PagesPred | None, aside: list) -> tuple[str, UnitHandle] | None:
         """Marconi ranks a bounded window of candidates: if none of its KV candidates
         satisfies ``pred`` (is in an unpinned slab), take its best entry rather than stall."""
+        got = self._stranded(pred)
+        if got is not None:
+            return got
         got = self._next(pred)
         return got if got is not None or pred is None else self._next(None)
+
+    def _stranded(self, pred: PagesPred | None) -> tuple[str, UnitHandle] | None:
+        """A stranded run tail (ranked first, at the front of the KV queue) goes before the
+        cached ranking, which was made before the tail was stranded (the next tail of a
+        run is stranded only once the one behind it went)."""
+        q = self.kv_q
+        if not q._demoted:
+            return None
+        for node, tick in q._od.items():
+            if tick != STRANDED:
+                return None
+            if pred is None or pred(node.pages):  # type: ignore[attr-defined]
+                return "kv", node  # type: ignore[return-value]
+        return None
 
     def _next(self, pred: PagesPred | None) -> tuple[str, UnitHandle] | None:
         """Next entry of the cached ranking that is still evictable (and, for KV,

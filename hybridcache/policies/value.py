@@ -22,6 +22,13 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.runs import PagesPred, Run, UnitOf
 
 
+#: Weightings of value eviction (a knob the adaptive policy turns, hybridcache.adaptive):
+#: ``gdsf`` hits x FLOPs per byte (the default), ``gds`` FLOPs per byte only, ``recency``
+#: one unit of value per entry, KV and state alike (GreedyDual with uniform costs orders
+#: entries by their last release: LRU over both kinds, the stranded-KV rule kept).
+WEIGHTINGS = ("gdsf", "gds", "recency")
+
+
 def greedy_dual_priority(clock: float, hits: int, flops: float, per_byte: float) -> float:
     """GreedyDual-Size-Frequency: ``clock + max(hits, 1) * flops * per_byte``.
 
@@ -53,6 +60,8 @@ class ValueQueue(EvictionQueue):
 
     #: Frequency weighting, as :attr:`RunValueQueue.freq`.
     freq = True
+    #: Uniform value per entry (the ``recency`` weighting), as :attr:`RunValueQueue.uniform`.
+    uniform = False
 
     def __init__(self, clock: Clock, scale: float, evictable: Callable[[object], bool]) -> None:
         self._clock = clock
@@ -64,9 +73,12 @@ class ValueQueue(EvictionQueue):
         self._seq = 0
 
     def add(self, item, tick, flops, nbytes, hits):
-        prio = greedy_dual_priority(
-            self._clock.value, hits if self.freq else 1, flops, 1.0 / (nbytes or 1) / self._scale
-        )
+        if self.uniform:
+            prio = self._clock.value + 1.0
+        else:
+            prio = greedy_dual_priority(
+                self._clock.value, hits if self.freq else 1, flops, 1.0 / (nbytes or 1) / self._scale
+            )
         live, heap = self._live, self._heap
         cur = live.get(item)
         if cur is not None:
@@ -155,6 +167,8 @@ class RunValueQueue:
     #: Frequency weighting (GreedyDual-Size-Frequency); False ranks by size and recency
     #: only (GreedyDual-Size): a knob the adaptive policy turns (hybridcache.adaptive).
     freq = True
+    #: One unit of value per entry (``recency`` weighting): ranks by last release only.
+    uniform = False
 
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         """Args:
@@ -208,6 +222,8 @@ class RunValueQueue:
         """:meth:`priority` of the unit at ``pos`` of ``run``."""
         if pos == len(run.digests) - 1 and self.stranded is not None and self.stranded(run):
             return self._clock.value
+        if self.uniform:
+            return self._base(run, pos)[0] + 1.0
         hits = run.hit_count(pos) if self.freq else 1
         return greedy_dual_priority(self._base(run, pos)[0], hits, run.flops, self._per)
 
@@ -217,7 +233,10 @@ class RunValueQueue:
         if not n or run.held >= n:
             return
         base, order = self._base(run, n - 1)
-        prio = greedy_dual_priority(base, run.hits.get(n, 0) if self.freq else 1, run.flops, self._per)
+        if self.uniform:
+            prio = base + 1.0
+        else:
+            prio = greedy_dual_priority(base, run.hits.get(n, 0) if self.freq else 1, run.flops, self._per)
         if self.stranded is not None and self.stranded(run):
             prio, order = self._clock.value, 0
         if run.qseq:

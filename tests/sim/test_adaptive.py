@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_frequency_weighting
+from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
@@ -35,10 +35,10 @@ def _second_half(run: Replay) -> float:
 def fixed_rates(trace: Trace, spec, capacity: int) -> dict[str, float]:
     """Second-half token hit rate of every candidate setting replayed as a fixed policy."""
     out = {}
-    for name, adm, freq in candidate_settings(spec, 16):
-        run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=adm))
-        set_frequency_weighting(run.mgr, freq)
-        out[name] = _second_half(run)
+    for c in candidate_settings(spec, 16):
+        run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=c.admission, min_seen=c.min_seen))
+        set_weighting(run.mgr, c.weighting)
+        out[c.name] = _second_half(run)
     return out
 
 
@@ -50,23 +50,25 @@ def adaptive_rate(trace: Trace, spec, capacity: int) -> tuple[float, Replay]:
 def test_selected_by_config(kimi):
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     assert isinstance(m, AdaptiveManager)
-    assert m.admission == HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0][1])).admission
+    first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0].admission)).admission
+    assert m.admission == first and first.turn_end
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
 
 
 def test_candidates_are_relative_to_the_model(kimi):
     for spec in (kimi, get_preset("qwen3-next-80b")):
         tps = spec.snapshot_bytes / spec.kv_bytes_per_token
-        intervals = sorted({int(a.rpartition("interval:")[2]) for _, a, _ in candidate_settings(spec, 16)
-                            if "interval:" in a})
+        intervals = sorted({int(c.admission.rpartition("interval:")[2]) for c in candidate_settings(spec, 16)
+                            if "interval:" in c.admission})
         assert intervals[-1] >= 3 * tps > intervals[0]
 
 
 #: Measured on 2026-12-01 with the final settings: the adaptive manager finds the best
 #: candidate on some of these (chat: no-prompt-end at request 96 of 300) but switches late
 #: or not at all (a lead must hold 6 evaluations) and stays below it over the second half:
-#: chat 1 GiB 0.008, docs 2 GiB 0.012; slow cases: agent 0.036, mixed 0.012, agentic 0.041,
-#: chat 4 GiB 0.010; see docs/adaptive.md.
+#: docs 2 GiB 0.012; slow cases: agent 0.034, mixed 0.020 (0.012 before the overhead budget
+#: stopped the shadows after their exploration), agentic 0.014 (0.041 before), chat 4 GiB
+#: 0.010; chat at 1 GiB now meets the target (was 0.008); see docs/adaptive.md.
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -88,7 +90,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("agent", 300, 2, 0.036), ("mixed", 300, 2, 0.012), ("agentic", 300, 2, 0.041), ("chat", 400, 4, 0.010)])
+    ("agent", 300, 2, 0.036), ("mixed", 300, 2, 0.020), ("agentic", 300, 2, 0.014), ("chat", 400, 4, 0.010)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -121,6 +123,52 @@ def test_follows_a_workload_that_changes_kind(kimi):
     rates = fixed_rates(half, kimi, cap)
     assert any(at > len(first) for at, _ in mgr.switches), mgr.switches
     assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
+
+
+def test_turn_end_rule_follows_whether_outputs_are_known(kimi):
+    """Block-level traces never append outputs: a turn-end state would hold a slot while
+    the request runs and serve nothing. A request that computed outputs it never appended
+    turns the rule off; one that appended them turns it back on."""
+    import numpy as np
+
+    m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
+    prompt = np.arange(1, 3001, dtype=np.uint32)
+    for rid, appended, known in (("a", False, False), ("b", True, True)):
+        m.add_request(rid, prompt)
+        m.allocate(rid, 3100 - m.match(rid).hit_tokens)
+        if appended:
+            m.append_tokens(rid, np.arange(7000, 7100, dtype=np.uint32))
+        m.commit(rid, 3100)
+        m.free(rid)
+        assert m.outputs_known is known and m.admission.turn_end is known
+
+
+def test_chain_keys_sample_sessions_behind_a_shared_prefix():
+    """Sessions behind one system prompt get their own keys, stable across their turns;
+    a root that never split (one session extending itself) is one family."""
+    from hybridcache.shadow import ChainKeys
+
+    keys = ChainKeys()
+    sys_prompt = [b"s0", b"s1"]
+    a1, b1 = sys_prompt + [b"a2"], sys_prompt + [b"b2", b"b3"]
+    assert keys.key(a1) == b"s0"  # nothing to split on yet
+    assert keys.key(a1 + [b"a3"]) == b"s0"  # an extension
+    assert keys.key(b1) == b"b2"  # split at depth 2
+    assert keys.key(a1 + [b"a3", b"a4"]) == b"a2"
+    assert keys.key(b1 + [b"b4"]) == b"b2"
+    assert keys.key(sys_prompt) == b"s0"  # no unit of its own
+    assert keys.key([b"x0", b"x1"]) == b"x0" and keys.key([b"x0", b"x1", b"x2"]) == b"x0"
+
+
+def test_paired_difference_needs_a_consistent_lead():
+    from hybridcache.shadow import PairedDifference
+
+    steady, noisy = PairedDifference(), PairedDifference()
+    for i in range(40):
+        steady.add(1.0 + (i % 2) * 0.1, 1.0)
+        noisy.add(10.0 if i % 2 else -9.0, 1.0)
+    assert steady.z(24) > 3.0 > noisy.z(24)
+    assert PairedDifference().z(1) == 0.0
 
 
 def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):

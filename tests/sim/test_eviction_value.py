@@ -3,6 +3,8 @@ the KV pages it needs: the two properties hybridcache's default policy relies on
 
 from __future__ import annotations
 
+import pytest
+
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.port import EnginePort
 from hybridcache.sim.policies import stateless
@@ -54,15 +56,9 @@ def test_min_seen_from_the_config_is_applied(kimi):
     assert mgr.add_request("4", p).hit_tokens == 992
 
 
-def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
-    """KV and state valued as one: KV on a path past its last snapshot serves no hit until a
-    state exists there, so it is evicted before any KV that a snapshot makes usable.
-
-    a and b each leave 13 units of output KV past their prompt-end snapshot (no turn-end
-    rule). c needs 40 pages more than are free: the 26 stranded units must all go before
-    the first usable one. Without the rule, value eviction drains a's run tail first,
-    stranded and usable alike, while b's stranded tail stays."""
-    cfg = CacheConfig(eviction="value", admission="last-token")
+def _eviction_order(kimi, eviction: str) -> list[bool]:
+    """Which KV evictions were stranded units, in order (see the test below)."""
+    cfg = CacheConfig(eviction=eviction, admission="last-token")
     probe = HybridCacheManager(kimi, 1 << 30, cfg)
     mgr = HybridCacheManager(kimi, 4 * probe.layout.block_bytes, cfg)
     ppb = mgr.layout.pages_per_block
@@ -82,8 +78,125 @@ def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi):
     c = toks((free_pages + 40) * 16, 13)
     m = mgr.add_request("c", c)
     mgr.allocate("c", len(c) - m.hit_tokens)
-    order = [ev.digests[0] in stranded for ev in port.take_events()
-             if ev.action == "removed" and ev.kind == "kv"]
+    return [ev.digests[0] in stranded for ev in port.take_events()
+            if ev.action == "removed" and ev.kind == "kv"]
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru", "marconi"])
+def test_kv_past_the_last_snapshot_goes_before_usable_kv(kimi, eviction):
+    """KV and state valued as one, in every policy: KV on a path past its last snapshot
+    serves no hit until a state exists there, so it is evicted before any KV that a
+    snapshot makes usable.
+
+    a and b each leave 13 units of output KV past their prompt-end snapshot (no turn-end
+    rule). c needs 40 pages more than are free: the 26 stranded units must all go before
+    the first usable one. Without the rule, value eviction drains a's run tail first,
+    stranded and usable alike, while b's stranded tail stays; LRU drains a's (older) units,
+    stranded and usable, before b's stranded ones (see the lru-plain case below)."""
+    order = _eviction_order(kimi, eviction)
     assert order.count(True) == 26 and False in order
     first_usable = order.index(False)
     assert all(order[:first_usable]) and first_usable == 26, order
+
+
+def test_plain_lru_keeps_stranded_kv_behind_usable_kv(kimi):
+    """The mutation check of the test above: LRU without the rule (``lru-plain``, vLLM's
+    free-block order) evicts a usable unit while stranded ones stay."""
+    order = _eviction_order(kimi, "lru-plain")
+    assert not all(order[:26]), order
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru", "marconi"])
+def test_kv_that_branches_lead_through_is_not_stranded(kimi, eviction):
+    """A run's tail past its last snapshot is stranded only while no run branches off it.
+
+    a leaves units 62..74 past its prompt-end snapshot (end of unit 61); b and c branch off
+    a's unit 67 (they diverge at token 1100) and end at snapshots of their own. a's units
+    68..74 serve nothing (stranded); 62..67 lead to b's and c's snapshots. Evicting the
+    stranded units (and b's one-unit stranded tail) must leave b's path whole. Fails when
+    the stranded test ignores branches: the rule then strips a down to its snapshot and
+    cuts b and c off."""
+    import numpy as np
+
+    mgr = HybridCacheManager(kimi, 4 << 30, CacheConfig(eviction=eviction, admission="last-token"))
+
+    def serve(rid, prompt, out=0):
+        m = mgr.add_request(rid, prompt)
+        mgr.allocate(rid, len(prompt) + out - m.hit_tokens)
+        if out:
+            mgr.append_tokens(rid, toks(out, 99))
+        mgr.commit(rid, len(prompt) + out)
+        mgr.free(rid)
+        return m.hit_tokens
+
+    a = list(toks(1000, 1)) + list(toks(200, 99))
+    serve("a", np.array(a[:1000], dtype=np.uint32), 200)
+    b = np.array(a[:1100] + list(toks(500, 2)), dtype=np.uint32)
+    assert serve("b", b) == 992
+    assert serve("c", np.array(a[:1100] + list(toks(400, 3)), dtype=np.uint32)) == 992
+    for _ in range(7 + 1):  # a's stranded 68..74 and b's stranded last unit
+        assert mgr.index.evict_one()
+    assert mgr.add_request("b2", b).hit_tokens == 1584
+    mgr.free("b2")
+    # What the policy is told about a's run now: its tail (unit 67) leads to b and c.
+    (run_a,) = [r for r in mgr.index.heads.values() if r.first == 0]
+    assert len(run_a.digests) == 68 and not mgr.index.kv_q.stranded(run_a)
+    mgr.clear()  # the branch counts go with the runs
+    assert not mgr.index.heads and not mgr.index.branches
+
+
+@pytest.mark.parametrize(("weighting", "first_victim"), [("gdsf", "b"), ("recency", "a")])
+def test_recency_weighting_ranks_by_last_release(kimi, weighting, first_victim):
+    """The adaptive policy's ``recency`` weighting ranks by last release alone: a (served
+    three times, so its KV has two hits) was released before b, so it goes first; under
+    the default weighting its hits keep it and b goes first. (KV only: with states, the
+    stranded-KV rule decides once a snapshot went. Between two evictions every release
+    ties on the clock; ties go in release order, KV before states.)"""
+    from hybridcache.adaptive import set_weighting
+
+    mgr = HybridCacheManager(stateless(kimi), 1 << 30, CacheConfig(eviction="value", admission="none"))
+    set_weighting(mgr, weighting)
+    a, b = toks(4001, 21), toks(4001, 22)  # a's hits cover all its 250 units
+    for rid in ("a1", "a2", "a3"):
+        run(mgr, rid, a)
+    run(mgr, "b", b)
+    mgr.add_request("a", a)
+    of_a = set(mgr.requests["a"].hasher.digests)
+    mgr.free("a", finished=False)
+    port = EnginePort(mgr)
+    assert mgr.index.evict_one()
+    (ev,) = [e for e in port.take_events() if e.action == "removed"]
+    assert ("a" if ev.digests[0] in of_a else "b") == first_victim
+
+
+def test_unknown_weighting_is_refused(kimi):
+    from hybridcache.adaptive import set_weighting
+    from hybridcache.errors import UnknownNameError
+
+    mgr = HybridCacheManager(kimi, 8 << 30, CacheConfig(eviction="value"))
+    with pytest.raises(UnknownNameError, match="recency"):
+        set_weighting(mgr, "lfu")
+    assert mgr.index.kv_q.freq and not mgr.index.kv_q.uniform
+
+
+@pytest.mark.parametrize("eviction", ["value", "lru"])
+def test_a_run_that_reconnects_a_split_off_piece_is_not_stranded(kimi, eviction):
+    """Evicting a unit inside a run splits the rest off (unreachable until the unit is
+    registered again). A request that registers it again continues into the piece, whose
+    end has the snapshot: the unit is on that snapshot's path, not stranded. Fails when
+    split-off pieces are not counted as branches: the reconnecting unit is then ranked
+    first (as stranded) and the path breaks again at the next eviction."""
+    mgr = HybridCacheManager(kimi, 4 << 30, CacheConfig(eviction=eviction, admission="last-token"))
+    a = toks(2001, 31)  # snapshot at 2000, the end of unit 124
+    run(mgr, "a1", a)
+    (head,) = mgr.index.heads.values()
+    mgr.index.evict_kv(mgr.index.handle(head, 60))  # units 61..124 split off
+    assert mgr.add_request("a2", a).hit_tokens == 0
+    mgr.free("a2", finished=False)
+    run(mgr, "a3", a)  # registers unit 60 again: the path to the snapshot is whole
+    assert mgr.add_request("a4", a).hit_tokens == 2000
+    unit60 = mgr.requests["a4"].hasher.digests[60]
+    mgr.free("a4", finished=False)
+    (front,) = [r for r in mgr.index.heads.values() if r.first == 0]
+    assert front.digests[-1] == unit60  # the run that reconnects ends at unit 60
+    assert not mgr.index.kv_q.stranded(front)
