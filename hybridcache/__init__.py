@@ -6,6 +6,7 @@ for the path of one request and ``docs/api.md`` for the public API. Side package
 ``hybridcache.adapters`` (HF configs, vLLM, reference model), ``hybridcache.sim`` (simulator).
 """
 
+from hybridcache.config import CacheConfig
 from hybridcache.errors import (
     CapacityError,
     ConfigError,
@@ -17,7 +18,7 @@ from hybridcache.errors import (
 )
 from hybridcache.manager import HybridCacheManager
 from hybridcache.metrics import CacheMetrics
-from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
+from hybridcache.plans import Allocation, CopyPlan, MatchResult, SavePoint
 from hybridcache.presets import get_preset, preset_names
 from hybridcache.spec import ModelSpec
 

@@ -46,9 +46,9 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
+from hybridcache.config import CacheConfig
 from hybridcache.errors import UnknownNameError
 from hybridcache.manager import HybridCacheManager
-from hybridcache.plans import CacheConfig
 from hybridcache.policies.value import WEIGHTINGS
 from hybridcache.shadow import ChainKeys, PairedDifference, ShadowCache, sample_key
 from hybridcache.spec import ModelSpec

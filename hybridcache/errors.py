@@ -25,7 +25,7 @@ class UnknownNameError(HybridCacheError, KeyError):
 
 
 class ConfigError(HybridCacheError, ValueError):
-    """An invalid setting (a :class:`~hybridcache.plans.CacheConfig` field, a manager or
+    """An invalid setting (a :class:`~hybridcache.config.CacheConfig` field, a manager or
     hasher argument); raised at construction and the message names the field."""
 
 

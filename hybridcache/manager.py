@@ -30,13 +30,14 @@ import numpy as np
 from hybridcache import validation
 from hybridcache.admission import AdmissionPolicy, admission_points
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
+from hybridcache.config import CacheConfig
 from hybridcache.coordinator import build_coordinator
 from hybridcache.errors import InvalidRequestError, OutOfSpaceError
 from hybridcache.hashing import MultiModalItem, TokenHasher, as_token_array, hash_function
 from hybridcache.index import PrefixIndex, UnitHandle
 from hybridcache.invariants import check_manager
 from hybridcache.metrics import CacheMetrics, stats_dict
-from hybridcache.plans import Allocation, CacheConfig, CopyPlan, MatchResult, SavePoint
+from hybridcache.plans import Allocation, CopyPlan, MatchResult, SavePoint
 from hybridcache.policy import check_eviction_name
 from hybridcache.registration import CommitRegistrar
 from hybridcache.requests import Request

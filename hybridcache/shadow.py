@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from hybridcache.config import CacheConfig
 from hybridcache.errors import OutOfSpaceError
-from hybridcache.plans import CacheConfig
 from hybridcache.spec import ModelSpec
 
 #: 2**64: sampling keys are the first 8 bytes of a unit digest, read as an integer.

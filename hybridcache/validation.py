@@ -7,7 +7,7 @@ late (``allocate(r, 1.5)`` used to fail with ``TypeError`` after taking a block)
 silent (``commit(r, nan)``: every comparison with NaN is false). Each check here is
 called at the top of a public method and costs a type test on the common path.
 
-Settings are checked when they are made: :class:`~hybridcache.plans.CacheConfig` calls
+Settings are checked when they are made: :class:`~hybridcache.config.CacheConfig` calls
 :func:`check_cache_config` in ``__post_init__`` and the manager calls
 :func:`check_manager_args`, so a bad field is a :class:`ConfigError` naming it at
 construction, not an ``AttributeError`` at the first request.
@@ -137,7 +137,7 @@ def _str_field(cfg: object, field: str) -> str:
 
 
 def check_cache_config(cfg: Any) -> None:
-    """Every field of a :class:`~hybridcache.plans.CacheConfig` (names are checked by the
+    """Every field of a :class:`~hybridcache.config.CacheConfig` (names are checked by the
     manager, which knows the registries: :class:`UnknownNameError` lists the known ones).
 
     Raises:
@@ -181,7 +181,7 @@ def check_manager_args(spec: object, capacity_bytes: object, config: object) -> 
             either a slab of pages or state slots (see :mod:`hybridcache.arena`).
     """
     from hybridcache.arena import plan_layout  # the arena imports nothing of ours that needs this
-    from hybridcache.plans import CacheConfig
+    from hybridcache.config import CacheConfig
     from hybridcache.spec import ModelSpec
 
     if not isinstance(spec, ModelSpec):

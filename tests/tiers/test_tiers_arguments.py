@@ -11,7 +11,7 @@ import pytest
 import torch
 from tiers_testlib import FINGERPRINT, SECRET, entry_for, key
 
-from hybridcache.plans import CacheConfig
+from hybridcache.config import CacheConfig
 from hybridcache.tiers import (
     Entry,
     EntryKey,
