@@ -118,7 +118,8 @@ def _oracle_runs(model, d, label: str) -> dict:
     rows = {k: oracle.compare(c, truth) for k, c in caps.items()}
     print(f"\n{label} state oracle ({time.time() - t0:.0f} s: captures "
           + ", ".join(f"{k} {c['total_s']:.0f} s" for k, c in caps.items())
-          + f", truth {truth['total_s']:.0f} s):")
+          + f", truth {truth['total_s']:.0f} s); state dtypes (conv, recurrent) "
+          f"{sorted(set(caps['ours']['dtypes'].values()))}:")
     for k, rs in rows.items():
         st = caps[k]["stats"]
         bad = [r for r in rs if not r["ok"]]

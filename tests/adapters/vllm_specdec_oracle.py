@@ -110,6 +110,8 @@ class Capture:
         self.layers = mamba_layers(llm)
         self.by_group = group_layers(self.sched, self.layers, list(self.km.mamba_ids))
         self.window = conv_columns(next(iter(self.layers.values()))) - num_spec
+        self.dtypes = {n: (str(x.kv_cache[0].dtype), str(x.kv_cache[1].dtype))
+                       for n, x in self.layers.items()}  # (conv, recurrent) as vLLM keeps them
         tails = self.km.tails
         self.digests = _Digests(self.km.manager, tails.unit if tails is not None else None)
         self.seen: set[tuple[str, bytes, int]] = set()
@@ -261,7 +263,7 @@ def run_capture(model: str, out: str, spec_tokens: int, scheduler_cls: str) -> N
         cap.digests.add(r["prompt"] + r["output"])
     torch.save(dict(records=cap.records, requests=generate.results,
                     stats=cap.sched.hybridcache_stats(),
-                    rejecting_steps=len(cap._rejecting), start_s=started,
+                    rejecting_steps=len(cap._rejecting), dtypes=cap.dtypes, start_s=started,
                     total_s=time.time() - t0), out)
 
 
@@ -327,10 +329,11 @@ def run_truth(model: str, out: str, needed_from: list[str]) -> None:
 # capture's block-aligned chunks and 1 + 3-token verification steps batched with other
 # requests), so the bf16 projections feeding the layers round differently: measured on
 # both tiny models, the conv windows then differ by up to one bf16 ulp of the window's
-# magnitude and the fp32 recurrent state (KDA; GDN's is bf16 in vLLM) by up to ~1.3e-2 of
-# its magnitude (docs/results.md). A state from another token boundary differs by ~1x
-# its magnitude (the mutants: 0.5 to 1.7x).
-REC_REL_TOL = 0.03  # max |state - truth| / max |truth|, per layer
+# magnitude and the recurrent state (fp32 for KDA; bf16 for the tiny Qwen3-Next's GDN,
+# vLLM's "auto" with no ``mamba_ssm_dtype`` in its config) by up to ~2e-2 of its
+# magnitude (docs/results.md). A state from another token boundary differs by ~1x its
+# magnitude (the mutants: mostly 1 to 3x).
+REC_REL_TOL = 0.05  # max |state - truth| / max |truth|, per layer
 CONV_ULP_TOL = 2.0  # max |window - truth| in bf16 ulps of max |truth window|, per layer
 
 
