@@ -329,10 +329,9 @@ def run_truth(model: str, out: str, needed_from: list[str]) -> None:
 # capture's block-aligned chunks and 1 + 3-token verification steps batched with other
 # requests), so the bf16 projections feeding the layers round differently: measured on
 # both tiny models, the conv windows then differ by up to one bf16 ulp of the window's
-# magnitude and the recurrent state (fp32 for KDA; bf16 for the tiny Qwen3-Next's GDN,
-# vLLM's "auto" with no ``mamba_ssm_dtype`` in its config) by up to ~2e-2 of its
-# magnitude (docs/results.md). A state from another token boundary differs by ~1x its
-# magnitude (the mutants: mostly 1 to 3x).
+# magnitude and the fp32 recurrent state (KDA and GDN alike, as vLLM keeps them here) by
+# up to ~2e-2 of its magnitude (docs/results.md). A state from another token boundary
+# differs by ~1x its magnitude (the mutants: mostly 1 to 3x).
 REC_REL_TOL = 0.05  # max |state - truth| / max |truth|, per layer
 CONV_ULP_TOL = 2.0  # max |window - truth| in bf16 ulps of max |truth window|, per layer
 
