@@ -5,14 +5,16 @@ Two runs, each a fresh process (vLLM keeps process-wide state; the engine runs i
 process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the worker's tensors are this process's):
 
 * ``capture``: ``HybridCacheScheduler`` (or a mutant, ``--scheduler-cls``) with the n-gram
-  drafter serves :func:`vllm_tiny_kimi._workload` (``repeat``: echo turns, so drafts are
-  both accepted and rejected). The engine is stepped here (``LLMEngine.step``), and after
+  drafter serves :func:`workload` (the echo workload of :mod:`vllm_tiny_kimi` and an echo
+  sweep, so drafts are both accepted and rejected). The engine is stepped here
+  (``LLMEngine.step``), and after
   every step the scheduler's registrations are read: block-level snapshots (the core
   index's units with a snapshot slot) and sub-block tails (``TailCache.by_key``, once
   their copies have run). Each new one is read from the worker's Mamba-layer caches (the
   ``kv_cache`` of every layer in the forward context: conv window and recurrent state of
   the slot's vLLM blocks) and recorded with its token prefix, its kind, the step, and
-  whether that step verified rejected drafts.
+  whether its state was computed in a step that rejected drafts (its boundary lies in
+  that step's kept tokens).
 * ``truth``: caching off, no drafter, chunked prefill of ``unit`` tokens per step (so every
   unit boundary is a step end), one request at a time. For each needed prefix the longest
   needed sequence holding it is prefilled and the request's (only) state block is read
@@ -20,7 +22,9 @@ process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, so the worker's tensors are this 
 
 :func:`compare` then gives, per snapshot, the largest difference of its recurrent state
 and of its conv window from the truth. Nothing in the library is patched: the capture
-reads the scheduler's and the worker's own objects between steps.
+only reads the scheduler's and the worker's own objects between steps (the adapter's
+index, tails and per-request speculative state: read-only, and tied to the adapter's
+layout of today).
 """
 
 from __future__ import annotations
