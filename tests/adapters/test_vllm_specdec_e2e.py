@@ -16,6 +16,16 @@ worker's forwards stop writing every state column's conv window
 (``vllm_specdec_schedulers.ConvWindowsNotSpread``) while the scheduler still makes tails at any
 accepted boundary; an output must then differ from caching off (the bug this fixes:
 sessionA-turn2, a tail hit at 752, moved at its second output token).
+
+State oracle (issue 17: greedy outputs of a tiny random model are a weak oracle, a mutant
+registering a rejected draft's state left them unchanged): every snapshot the scheduler
+registers while speculative decoding runs (block states and sub-block tails), read from
+the worker's caches after the step that made it, holds the state a caching-off engine
+without drafts computes at the same token boundary (:mod:`vllm_specdec_oracle`; within
+its stated bf16-rounding tolerances). It runs on both models with drafts partly rejected,
+and fails for both mutants: ``vllm_specdec_schedulers.LastDraftTails`` (a tail after a
+step with drafts takes the state after the step's last, rejected, draft) and
+``ConvWindowsNotSpread`` (stale conv windows in tails made past a step's first state).
 """
 
 from __future__ import annotations
@@ -27,6 +37,7 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
+import vllm_specdec_oracle as oracle  # noqa: E402
 import vllm_tiny_kimi as kimi  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
@@ -71,8 +82,14 @@ def _check(model, d, label: str) -> tuple[dict, dict]:
     return off, spec
 
 
-def test_specdec_kda_matches_caching_off(tmp_path):
-    _check(kimi.build_tiny_kimi(tmp_path / "model"), tmp_path, "KDA")
+@pytest.fixture(scope="module")
+def tiny_kimi(tmp_path_factory):
+    """The tiny KDA model, built once for this module."""
+    return kimi.build_tiny_kimi(tmp_path_factory.mktemp("tiny-kimi"))
+
+
+def test_specdec_kda_matches_caching_off(tiny_kimi, tmp_path):
+    _check(tiny_kimi, tmp_path, "KDA")
 
 
 def test_specdec_qwen3_next_matches_caching_off(tiny_qwen3_next, tmp_path):
@@ -81,3 +98,74 @@ def test_specdec_qwen3_next_matches_caching_off(tiny_qwen3_next, tmp_path):
                         repeat=True, scheduler_cls="vllm_specdec_schedulers.ConvWindowsNotSpread")
     assert _total(mutant) == _total(spec)  # the same hits ...
     assert _same(off, mutant) != []  # ... from tails with stale conv windows
+
+
+# --------------------------------------------------------------------------- state oracle
+MUTANTS = ("LastDraftTails", "ConvWindowsNotSpread")
+
+
+def _oracle_runs(model, d, label: str) -> dict:
+    """Captures with our scheduler and each mutant, then one no-cache truth run for the
+    union of their boundaries: one engine start per configuration."""
+    import time
+
+    t0 = time.time()
+    caps = {"ours": oracle.capture(model, d / "ours.pt")}
+    for m in MUTANTS:
+        caps[m] = oracle.capture(model, d / f"{m}.pt",
+                                 scheduler_cls=f"vllm_specdec_schedulers.{m}")
+    truth = oracle.truth(model, d / "truth.pt", [d / "ours.pt", *(d / f"{m}.pt" for m in MUTANTS)])
+    rows = {k: oracle.compare(c, truth) for k, c in caps.items()}
+    print(f"\n{label} state oracle ({time.time() - t0:.0f} s: captures "
+          + ", ".join(f"{k} {c['total_s']:.0f} s" for k, c in caps.items())
+          + f", truth {truth['total_s']:.0f} s); state dtypes (conv, recurrent) "
+          f"{sorted(set(caps['ours']['dtypes'].values()))}:")
+    for k, rs in rows.items():
+        st = caps[k]["stats"]
+        bad = [r for r in rs if not r["ok"]]
+        print(f"  {k}: {len(rs)} snapshots ({sum(r['kind'] == 'tail' for r in rs)} tails), "
+              f"{sum(r['rejected_in_step'] for r in rs)} from steps with rejected drafts; "
+              f"drafts {st['draft_tokens']}, accepted {st['accepted_drafts']}; max rec "
+              f"{max(r['rec'] for r in rs):.3g} ({max(r['rec_rel'] for r in rs):.3g} rel), "
+              f"max conv {max(r['conv'] for r in rs):.3g} "
+              f"({max(r['conv_ulps'] for r in rs):.3g} ulps); out of tolerance: "
+              + (", ".join(f"{r['kind']}@{r['boundary']} (rec {r['rec_rel']:.3g} rel, conv "
+                           f"{r['conv_ulps']:.3g} ulps)" for r in bad) or "none"))
+    return dict(caps=caps, rows=rows)
+
+
+@pytest.fixture(scope="module")
+def kda_oracle(tiny_kimi, tmp_path_factory):
+    return _oracle_runs(tiny_kimi, tmp_path_factory.mktemp("kda-oracle"), "KDA")
+
+
+@pytest.fixture(scope="module")
+def qwen_oracle(tiny_qwen3_next, tmp_path_factory):
+    return _oracle_runs(tiny_qwen3_next, tmp_path_factory.mktemp("qwen-oracle"), "Qwen3-Next")
+
+
+@pytest.fixture(params=["kda", "qwen"])
+def oracle_runs(request):
+    return request.getfixturevalue(f"{request.param}_oracle")
+
+
+def test_specdec_registered_states_equal_no_cache_states(oracle_runs):
+    rows, st = oracle_runs["rows"]["ours"], oracle_runs["caps"]["ours"]["stats"]
+    assert st["accepted_drafts"] < st["draft_tokens"]  # drafts were rejected ...
+    kinds = {r["kind"] for r in rows}
+    assert kinds == {"block", "tail"}
+    # ... and snapshots were registered from steps that rejected some
+    assert any(r["rejected_in_step"] for r in rows)
+    assert [r for r in rows if not r["ok"]] == []
+
+
+def test_specdec_state_oracle_catches_rejected_draft_state(oracle_runs):
+    """A tail holding the state after the step's last draft fails, among them one made
+    from a step whose last draft was rejected."""
+    bad = [r for r in oracle_runs["rows"]["LastDraftTails"] if not r["ok"]]
+    assert any(r["rejected_in_step"] for r in bad)
+
+
+def test_specdec_state_oracle_catches_stale_conv_window(oracle_runs):
+    bad = [r for r in oracle_runs["rows"]["ConvWindowsNotSpread"] if not r["ok"]]
+    assert any(r["kind"] == "tail" and r["conv_ulps"] > oracle.CONV_ULP_TOL for r in bad)
