@@ -119,6 +119,8 @@ class HybridCacheManager(SavePointControl):
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
+        if self.coordinator is not None:  # sliding entries count against tenant quotas
+            self.coordinator.set_quota(self._registrar.quota)
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -574,7 +576,8 @@ class HybridCacheManager(SavePointControl):
 
     def stats(self) -> dict[str, object]:
         """Metrics plus arena occupancy, JSON-friendly."""
-        return stats_dict(self.sync_metrics(), self.arena.stats(), len(self.index.nodes))
+        sliding = self.coordinator.metrics() if self.coordinator is not None else None
+        return stats_dict(self.sync_metrics(), self.arena.stats(), len(self.index.nodes), sliding)
 
     def sync_metrics(self) -> CacheMetrics:
         """:attr:`metrics` with the index's eviction counters copied in."""
