@@ -119,8 +119,8 @@ class HybridCacheManager(SavePointControl):
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
-        if self.coordinator is not None:  # sliding entries count against tenant quotas
-            self.coordinator.set_quota(self._registrar.quota)
+        if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too
+            self.coordinator.set_quota(self._registrar.quota)  # (quotas never change later)
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
