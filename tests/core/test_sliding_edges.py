@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridcache.errors import SpecError
 from hybridcache.manager import CacheConfig, HybridCacheManager
@@ -174,3 +176,25 @@ def test_models_without_sliding_windows_report_no_sliding_counters():
     m = HybridCacheManager(spec, 1 << 22, CacheConfig(hash_unit=U))
     _serve(m, "a", list(range(41)))
     assert not [k for k in m.stats() if "sliding" in k or "window" in k]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    state=st.booleans(),
+    quota_pages=st.integers(0, 30),
+    reqs=st.lists(st.tuples(st.sampled_from(["a", "b", None]), st.integers(0, 3), st.integers(1, 40)),
+                  min_size=1, max_size=12),
+)
+def test_no_tenant_ever_holds_more_than_its_quota(state, quota_pages, reqs):
+    """Random conversations of quota'd tenants (``a``, ``b``) and an unlimited one: every
+    tenant's cached bytes (full KV, snapshots, sliding pages) stay within its quota, and the
+    index's per-tenant count equals the recount (``check_invariants``)."""
+    page = _page_bytes()
+    quota = quota_pages * page
+    m = _manager(9, state=state, quotas={"a": quota, "b": quota}, admission="interval:8+turn-end")
+    for k, (tenant, family, extra) in enumerate(reqs):
+        tokens = list(range(family * 1000, family * 1000 + 20)) + list(range(5000 + k, 5000 + k + extra))
+        _serve(m, f"r{k}", tokens, tenant)
+        for t in ("a", "b"):
+            assert m.index.tenant_bytes.get(t, 0) <= quota, t
+        m.check_invariants()
