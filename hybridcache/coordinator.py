@@ -22,9 +22,10 @@ request's sliding pages in use are bounded by its window (plus the step being co
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from hybridcache.metrics import SlidingMetrics
 from hybridcache.sliding import SlidingUnit, SlidingWindowCache
 from hybridcache.spec import AttentionKind
 
@@ -92,6 +93,31 @@ class GroupCoordinator:
         self.has_state = has_state
         self.names = tuple(n for c in self.caches for n in c.names)
         self.groups = len(self.names)
+        #: Sliding pages running requests let go of because their window moved past them.
+        self.released_pages = 0
+        #: First allocations whose hit was shorter than full KV (and a snapshot) allowed
+        #: because a window cache lacked a unit, and the tokens they lost that way.
+        self.window_limited_requests = 0
+        self.window_limited_tokens = 0
+
+    def set_quota(self, quota: Callable[[str | None], int | None]) -> None:
+        """Charge sliding entries to tenant quotas (``quota(tenant)``: bytes, ``None``:
+        unlimited): a registration past the quota is refused, as a run's units are."""
+        for c in self.caches:
+            c.quota = quota
+
+    def metrics(self) -> SlidingMetrics:
+        """The sliding-window counters and occupancy, now."""
+        caches = self.caches
+        return SlidingMetrics(
+            sliding_pages_cached=sum(len(c.entries) * c.groups for c in caches),
+            sliding_pages_held=sum(len(c.held) * c.groups for c in caches),
+            sliding_pages_released_by_window=self.released_pages,
+            sliding_evictions=sum(c.evictions for c in caches),
+            sliding_quota_rejections=sum(c.quota_rejections for c in caches),
+            window_limited_requests=self.window_limited_requests,
+            window_limited_tokens=self.window_limited_tokens,
+        )
 
     # ------------------------------------------------------------------ the hit
     def longest_hit(self, digests: Sequence[bytes], kv_units: int) -> tuple[int, UnitHandle | None]:
@@ -129,6 +155,11 @@ class GroupCoordinator:
     def begin(self, req: Request, units: int) -> None:
         """First allocation: hold the hit's window in every cache."""
         digests = req.hasher.digests
+        kv = req.kv_hit_tokens // self.unit
+        unlimited = self.index.deepest_snapshot(digests, kv)[0] if self.has_state else kv
+        if unlimited > units:  # full KV (and a snapshot) reached further: a window was missing
+            self.window_limited_requests += 1
+            self.window_limited_tokens += (unlimited - units) * self.unit
         req.slide = tracks = []
         for c in self.caches:
             tr = SlideTrack(c.groups)
@@ -176,6 +207,7 @@ class GroupCoordinator:
             new_lo = max((computed - c.window + 1) // self.unit, 0)
             start = max(tr.done, tr.lo)
             if new_lo > tr.lo:  # units in [start, new_lo) are registered as they are released
+                self.released_pages += (new_lo - tr.lo) * c.groups
                 self._release(c, tr, req, tr.lo, new_lo, start, req.units)
                 tr.lo = new_lo
             for u in range(max(start, new_lo), req.units):  # registered, still in the window

@@ -71,6 +71,9 @@ def check_index(index: PrefixIndex) -> None:
     assert len(slots) == len(set(slots)), "a slot registered twice"
     assert all(arena._live[2][s] for s in slots), "a registered slot is free in the arena"
     assert index.snapshots == len(slots) and index.pinned_snapshots == pinned, "snapshot counters"
+    for cache in index.sliding:  # sliding entries count for the tenant that registered them
+        for e in cache.entries.values():
+            tenant[e.tenant] = tenant.get(e.tenant, 0) + cache.entry_bytes
     have = {t: b for t, b in index.tenant_bytes.items() if b}
     assert have == {t: b for t, b in tenant.items() if b}, "bytes per tenant"
     sliding_pages: list[int] = []

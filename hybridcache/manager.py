@@ -120,6 +120,8 @@ class HybridCacheManager(SavePointControl):
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
+        if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too
+            self.coordinator.set_quota(self._registrar.quota)  # (quotas never change later)
         self.requests: dict[str, Request] = {}
         self.tick = 0
         self._seen: dict[bytes, int] = {}
@@ -575,7 +577,8 @@ class HybridCacheManager(SavePointControl):
 
     def stats(self) -> dict[str, object]:
         """Metrics plus arena occupancy, JSON-friendly."""
-        return stats_dict(self.sync_metrics(), self.arena.stats(), len(self.index.nodes))
+        sliding = self.coordinator.metrics() if self.coordinator is not None else None
+        return stats_dict(self.sync_metrics(), self.arena.stats(), len(self.index.nodes), sliding)
 
     def sync_metrics(self) -> CacheMetrics:
         """:attr:`metrics` with the index's eviction counters copied in."""

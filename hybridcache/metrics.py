@@ -61,16 +61,54 @@ class CacheMetrics:
         if labels:
             inner = ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
             lab = "{" + inner + "}"
-        lines: list[str] = []
-        for f in fields(self):
-            name = f"{prefix}_{f.name}_total"
-            lines.append(f"# TYPE {name} counter")
-            lines.append(f"{name}{lab} {_num(getattr(self, f.name))}")
-        for g in ("token_hit_rate", "request_hit_rate", "prefill_flops_saved_frac"):
-            name = f"{prefix}_{g}"
-            lines.append(f"# TYPE {name} gauge")
-            lines.append(f"{name}{lab} {_num(getattr(self, g))}")
-        return "\n".join(lines) + "\n"
+        counters = [f.name for f in fields(self)]
+        gauges = ["token_hit_rate", "request_hit_rate", "prefill_flops_saved_frac"]
+        return _exposition(self, prefix, lab, counters, gauges)
+
+
+@dataclass
+class SlidingMetrics:
+    """Sliding-window counters (models with sliding-window groups only; see
+    :mod:`hybridcache.coordinator`). ``sliding_pages_cached`` and ``sliding_pages_held``
+    are occupancy now (gauges); the rest are cumulative.
+
+    ``window_limited_tokens`` are hit tokens lost because a window cache lacked a unit of
+    the window before a longer end that full KV (and, with state, a snapshot) reached; they
+    are part of ``kv_hit_state_miss_tokens`` (KV hit, usable hit shorter).
+    """
+
+    sliding_pages_cached: int = 0
+    sliding_pages_held: int = 0
+    sliding_pages_released_by_window: int = 0
+    sliding_evictions: int = 0
+    sliding_quota_rejections: int = 0
+    window_limited_requests: int = 0
+    window_limited_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def prometheus(self, prefix: str = "hybridcache", labels: dict[str, str] | None = None) -> str:
+        lab = ""
+        if labels:
+            lab = "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items())) + "}"
+        gauges = ["sliding_pages_cached", "sliding_pages_held"]
+        counters = [f.name for f in fields(self) if f.name not in gauges]
+        return _exposition(self, prefix, lab, counters, gauges)
+
+
+def _exposition(obj: object, prefix: str, lab: str, counters: list[str], gauges: list[str]) -> str:
+    """Prometheus text: counters end in ``_total``, gauges keep their name."""
+    lines: list[str] = []
+    for c in counters:
+        name = f"{prefix}_{c}_total"
+        lines.append(f"# TYPE {name} counter")
+        lines.append(f"{name}{lab} {_num(getattr(obj, c))}")
+    for g in gauges:
+        name = f"{prefix}_{g}"
+        lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name}{lab} {_num(getattr(obj, g))}")
+    return "\n".join(lines) + "\n"
 
 
 def _num(v: float) -> str:
@@ -81,9 +119,15 @@ def _escape(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def stats_dict(metrics: CacheMetrics, arena: ArenaStats, cached_nodes: int) -> dict[str, object]:
-    """Counters plus arena occupancy as one JSON-friendly dict (``HybridCacheManager.stats``)."""
+def stats_dict(
+    metrics: CacheMetrics, arena: ArenaStats, cached_nodes: int, sliding: SlidingMetrics | None = None
+) -> dict[str, object]:
+    """Counters plus arena occupancy as one JSON-friendly dict (``HybridCacheManager.stats``);
+    with ``sliding`` (a model with sliding-window groups) its counters too, else none of
+    them (a model without sliding windows reports exactly what it did before they existed)."""
     out: dict[str, object] = dict(metrics.as_dict())
+    if sliding is not None:
+        out.update(sliding.as_dict())
     out.update(
         capacity_bytes=arena.capacity_bytes,
         used_bytes=arena.used_bytes,

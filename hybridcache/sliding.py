@@ -90,7 +90,14 @@ class SlidingWindowCache:
         #: for a slot allocation (hybridcache.eviction), as a held run prefix's are.
         self.held: dict[bytes, SlidingUnit] = {}
         self._ppb = max(index.arena.layout.pages_per_block, 1)
+        #: Bytes one entry holds (a page per group), counted in ``index.tenant_bytes``
+        #: for the tenant whose request registered it, as a run's units and snapshots are.
+        self.entry_bytes = index.arena.layout.page_bytes * self.groups
+        #: The byte quota of a tenant (``None``: unlimited), set by the coordinator's
+        #: owner: a registration past it is refused (the request's pages stay its own).
+        self.quota: Callable[[str | None], int | None] | None = None
         self.evictions = 0
+        self.quota_rejections = 0
 
     # ------------------------------------------------------------------ the hit rule
     def first_needed(self, end: int) -> int:
@@ -142,11 +149,19 @@ class SlidingWindowCache:
     ) -> SlidingUnit | None:
         """Cache ``pages`` as the unit's sliding pages, held by the caller (``ref == 1``) or,
         with ``held=False``, evictable at once (a unit the window has already left); ``None``
-        if the unit has cached sliding pages already (the caller keeps its own)."""
+        if the unit has cached sliding pages already or ``tenant`` has no quota left for
+        them (the caller keeps its own)."""
         if digest in self.entries:
             return None
-        entry = self.entries[digest] = SlidingUnit(digest, depth, tenant, pages)
         index = self.index
+        tenant_bytes = index.tenant_bytes
+        if self.quota is not None:
+            q = self.quota(tenant)
+            if q is not None and tenant_bytes.get(tenant, 0) + self.entry_bytes > q:
+                self.quota_rejections += 1
+                return None
+        entry = self.entries[digest] = SlidingUnit(digest, depth, tenant, pages)
+        tenant_bytes[tenant] = tenant_bytes.get(tenant, 0) + self.entry_bytes
         index.version += 1
         if held:
             self.held[digest] = entry
@@ -175,7 +190,11 @@ class SlidingWindowCache:
             reg[p // ppb] -= 1
             free_page(p)
         self.evictions += 1
-        self.index.version += 1
+        index = self.index
+        index.version += 1
+        left = index.tenant_bytes.pop(entry.tenant, 0) - self.entry_bytes
+        if left:  # a tenant with nothing cached is dropped, as the index does
+            index.tenant_bytes[entry.tenant] = left
         events = self.index.events
         if events is not None:
             events.append(CacheEvent(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from functools import cached_property
 
@@ -174,6 +174,12 @@ class FlopModel:
     (``mlp_ratio`` = active intermediate size / (4D), 1 for a dense 4x MLP), and a recurrent
     mixer ``12 L D^2 + 16 L D N + 10 L D`` with N its state width per channel.
 
+    A sliding-window layer's token at position ``p`` reads ``min(p, window)`` keys, not
+    ``p``: its score/value products cost ``8 D min(p, w)`` per token instead of ``8 D p``
+    (the integral of which is the full layer's ``4 L^2 D``). Pricing it as full attention
+    would overstate what a hit past the window saves, and the value policy would keep a
+    sliding model's deep units for savings that do not exist.
+
     Args:
         hidden_size: model width D.
         num_attention_layers: layers with a KV cache.
@@ -181,6 +187,10 @@ class FlopModel:
         state_width: N in the recurrent formula (d_state for Mamba, head_dim for KDA/GDN).
         mlp_ratio: active MLP FLOPs relative to a dense 4D MLP (MoE: active experts only).
         num_mlp_layers: layers with an MLP (usually every layer).
+        sliding_layers: ``(window, layers)`` per window: how many of the attention layers
+            are sliding-window ones reading ``window`` tokens (``()``: every attention layer
+            is full). :class:`ModelSpec` fills it in from its sliding-window groups when left
+            empty, so a FLOP model built without it prices the spec's windows.
     """
 
     hidden_size: int
@@ -189,6 +199,19 @@ class FlopModel:
     state_width: int = 128
     mlp_ratio: float = 1.0
     num_mlp_layers: int | None = None
+    sliding_layers: tuple[tuple[int, int], ...] = ()
+
+    def __post_init__(self) -> None:
+        pairs = tuple((int(w), int(n)) for w, n in self.sliding_layers)
+        object.__setattr__(self, "sliding_layers", pairs)
+        for w, n in pairs:
+            _positive(w, "flops.sliding_layers window")
+            _positive(n, "flops.sliding_layers layers")
+        if sum(n for _, n in pairs) > self.num_attention_layers:
+            raise SpecError(
+                f"flops.sliding_layers: {sum(n for _, n in pairs)} sliding layers exceed "
+                f"num_attention_layers {self.num_attention_layers}"
+            )
 
     def prefill_flops(self, start: int, end: int) -> float:
         """FLOPs to prefill tokens ``[start, end)`` with ``[0, start)`` already cached."""
@@ -197,7 +220,21 @@ class FlopModel:
         per_token, per_square = self._coefficients
         # Each new token attends to everything before it: the quadratic term is the
         # difference of the two squares.
-        return per_token * (end - start) + per_square * (float(end) ** 2 - float(start) ** 2)
+        out = per_token * (end - start) + per_square * (float(end) ** 2 - float(start) ** 2)
+        if self.sliding_layers:
+            out += self._sliding_flops(float(start), float(end))
+        return out
+
+    def _sliding_flops(self, start: float, end: float) -> float:
+        """Score/value products of the sliding layers for tokens ``[start, end)``: ``8 D``
+        times the integral of ``min(p, w)``: ``(min(e, w)^2 - min(s, w)^2) / 2`` below the
+        window, plus ``w`` per token past it."""
+        d, out = float(self.hidden_size), 0.0
+        for w, n in self.sliding_layers:
+            below = min(end, w) ** 2 - min(start, w) ** 2
+            past = max(end, w) - max(start, w)
+            out += n * 4.0 * d * (below + 2.0 * w * past)
+        return out
 
     @cached_property
     def _coefficients(self) -> tuple[float, float]:
@@ -214,7 +251,8 @@ class FlopModel:
             + self.num_recurrent_layers * (12.0 * d * d + 16.0 * d * self.state_width + 10.0 * d)
             + mlp_layers * 16.0 * d * d * self.mlp_ratio
         )
-        return per_token, self.num_attention_layers * 4.0 * d
+        full = self.num_attention_layers - sum(n for _, n in self.sliding_layers)
+        return per_token, full * 4.0 * d
 
 
 @dataclass(frozen=True)
@@ -237,6 +275,8 @@ class ModelSpec:
         names = [g.name for g in self.attention_groups] + [g.name for g in self.state_groups]
         if len(set(names)) != len(names):
             raise SpecError(f"model {self.name!r}: group names must be unique, got {names}")
+        if not self.flops.sliding_layers:
+            object.__setattr__(self, "flops", _with_sliding_layers(self.flops, self.attention_groups))
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -261,6 +301,8 @@ class ModelSpec:
         body = asdict(self)
         body.pop("name")
         body.pop("notes")
+        if not body["flops"]["sliding_layers"]:  # keys written before the field existed
+            del body["flops"]["sliding_layers"]
         text = json.dumps(body, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -276,6 +318,22 @@ class ModelSpec:
             "attention_layers": sum(g.num_layers for g in self.attention_groups),
             "state_layers": sum(g.num_layers for g in self.state_groups),
         }
+
+
+def _with_sliding_layers(flops: FlopModel, groups: tuple[AttentionGroupSpec, ...]) -> FlopModel:
+    """``flops`` with the sliding-window groups' layers as its ``sliding_layers``.
+
+    The layers are counted among ``num_attention_layers``; a hand-built FLOP model that
+    counts fewer attention layers than the groups have (small test specs) prices as many
+    sliding layers as it counts attention layers, windows in group order.
+    """
+    left, pairs = flops.num_attention_layers, []
+    for g in groups:
+        if g.kind is AttentionKind.SLIDING and left > 0:
+            n = min(g.num_layers, left)
+            pairs.append((g.window, n))
+            left -= n
+    return replace(flops, sliding_layers=tuple(pairs)) if pairs else flops
 
 
 def _positive(value: int, name: str) -> None:

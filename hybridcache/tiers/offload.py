@@ -47,6 +47,7 @@ from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import greedy_dual_priority
 from hybridcache.port import EnginePort, RequestView
 from hybridcache.port_import import PrefixImport
+from hybridcache.sliding import SLIDING
 from hybridcache.tiers.base import Tier
 from hybridcache.tiers.errors import TierConfigError
 from hybridcache.tiers.format import Entry
@@ -57,6 +58,12 @@ from hybridcache.tiers.offload_lookup import TierLookup
 from hybridcache.tiers.offload_plan import LoadPlan, OffloadMetrics
 from hybridcache.tiers.offload_policy import DemotionPolicy, PathMemory
 from hybridcache.tiers.offload_stored import StoredMemory
+from hybridcache.tiers.offload_windows import (
+    device_window_end,
+    device_window_ends,
+    full_attention_groups,
+    window_reach,
+)
 from hybridcache.tiers.unseeded import warn_if_unseeded
 
 _log = logging.getLogger("hybridcache.tiers.offload")
@@ -142,7 +149,10 @@ class OffloadCoordinator:
         self.port = port = EnginePort(manager, record_events=False, observer=self._on_event)
         self.fingerprint = layout_fingerprint(port.spec, port.layout, port.unit)
         self.keys = UnitKeys(self.fingerprint)
-        self.io = DeviceIO(storage, port.attention_groups)
+        # A unit's KV entry: its full-attention pages (sliding pages are never stored;
+        # see offload_windows), and the device windows a loaded end must have.
+        self.io = DeviceIO(storage, full_attention_groups(port.spec))
+        self._window_reach = window_reach(port.spec, port.unit)
         self.metrics = OffloadMetrics()
         self.lookup = TierLookup(self.tiers, self.tier_names, self.metrics)
         self._paths = PathMemory(path_memory)
@@ -222,6 +232,9 @@ class OffloadCoordinator:
     def _demote(self, ev: CacheEvent) -> None:
         pol, met = self.policy, self.metrics
         digest = ev.digests[0]
+        if ev.kind == SLIDING:  # not a unit's KV, and only the device's window cache uses it
+            met.demote_skipped_sliding += 1
+            return
         if ev.kind == "state":
             if not pol.snapshots:
                 met.demote_skipped_policy += 1
@@ -325,6 +338,8 @@ class OffloadCoordinator:
         if dev_hit >= max_units:
             return None
         probe = self._probe(req.tenant, digests, dev_hit, max_units, dev.has_kv)
+        if self._window_reach:
+            self._keep_device_windows(probe, dev_hit, dev.has_kv)
         target = probe.target(port.has_state, dev_hit)
         if target <= dev_hit:
             return None
@@ -339,6 +354,20 @@ class OffloadCoordinator:
         if final <= dev_hit:
             return None
         return self._register(req, work, probe, dev_hit, final, target, t0)
+
+    def _keep_device_windows(self, probe: _Probe, dev_hit: int, has_kv_on_device: list[bool]) -> None:
+        """Lower the probe to the ends a hit could use: the window before each must be on
+        the device (see :mod:`.offload_windows`); a load past them would only be refused."""
+        reach = self._window_reach
+        if self.port.has_state:
+            ok = device_window_ends([b for b, _ in probe.snaps], reach, has_kv_on_device)
+            dropped = sum(1 for b, src in probe.snaps if b not in ok)
+            probe.snaps = [(b, src) for b, src in probe.snaps if b in ok]
+        else:
+            end = device_window_end(probe.reach, dev_hit, reach, has_kv_on_device)
+            dropped = probe.reach - end
+            probe.reach = end
+        self.metrics.prefetch_window_limited += dropped > 0
 
     def _probe(
         self,

@@ -60,7 +60,8 @@ class OffloadMetrics:
     ``demote_skipped_policy`` were not worth keeping, ``demote_skipped_stored`` were already
     in a tier (loaded from it, or demoted before), ``demote_dropped`` were refused by the
     tier (queue full, too big), ``demote_errors`` raised (logged). ``spilled_entries``:
-    HostTier victims passed down to the next tier.
+    HostTier victims passed down to the next tier. ``demote_skipped_sliding``: sliding-window
+    pages, never stored (:mod:`.offload_windows`).
 
     Loading: ``prefetch_calls``; ``prefetch_hits`` gained tokens, ``prefetch_partial`` of
     them gained fewer than planned; ``prefetch_hit_tokens`` sums the gains;
@@ -69,7 +70,9 @@ class OffloadMetrics:
     ``tier_hits`` / ``tier_misses`` count gets per tier name (a probe said present, the
     get then missed: eviction, expiry, corruption or an outage in between);
     ``load_invalid`` entries passed the tier's checks but not the layout's;
-    ``prefetch_errors`` unexpected exceptions caught (logged; the request just misses).
+    ``prefetch_errors`` unexpected exceptions caught (logged; the request just misses);
+    ``prefetch_window_limited`` prefetches lowered to an end whose sliding window is on
+    the device (:mod:`.offload_windows`).
     """
 
     demoted_kv: int = 0
@@ -79,12 +82,14 @@ class OffloadMetrics:
     demote_skipped_stored: int = 0
     demote_dropped: int = 0
     demote_errors: int = 0
+    demote_skipped_sliding: int = 0
     spilled_entries: int = 0
     prefetch_calls: int = 0
     prefetch_hits: int = 0
     prefetch_partial: int = 0
     prefetch_hit_tokens: int = 0
     prefetch_errors: int = 0
+    prefetch_window_limited: int = 0
     probed_keys: int = 0
     loaded_kv: int = 0
     loaded_snapshots: int = 0
