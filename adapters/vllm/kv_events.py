@@ -21,10 +21,8 @@ medium ``"GPU"`` (vLLM's device block pool) and the request's LoRA, extra keys a
 Requests that cannot be hit (a private tenant: prefix caching off for them) are not
 announced. Sub-block tails (:mod:`.fine`) are not full blocks and are not announced.
 
-The port's stream is one list per manager: whoever takes it consumes it. This module
-is today the only taker over the adapter's manager; a tier that also needs the stream
-should wait for the port's subscriptions (``port.subscribe()``, planned) rather than
-share this port.
+This module reads the stream through a queue of its own (``port.subscribe()``), so other
+consumers of the same port (a tier, a test) take their events independently.
 """
 
 from __future__ import annotations
@@ -63,7 +61,7 @@ class VllmKVEvents:
     """Translate the port's events into vLLM's ``KVCacheEvent`` objects.
 
     Args:
-        port: an :class:`EnginePort` over the adapter's manager (it turns recording on).
+        port: the adapter's :class:`EnginePort` (this opens a queue of its event stream).
         kv_cache_config: vLLM's layout (group kinds for the events).
         attn_ids: vLLM group ids of the attention groups, in the manager's group order.
         mamba_ids: vLLM group ids of the state groups.
@@ -76,6 +74,7 @@ class VllmKVEvents:
                  attn_ids: Sequence[int], mamba_ids: Sequence[int], block_size: int,
                  hash_block_size: int, medium: str = MEDIUM_GPU) -> None:
         self.port = port
+        self._queue = port.subscribe()
         self.attn_ids = tuple(attn_ids)
         self.mamba_ids = tuple(mamba_ids)
         self.block_size = block_size
@@ -96,8 +95,8 @@ class VllmKVEvents:
 
     @classmethod
     def for_adapter(cls, adapter: Any, hash_block_size: int) -> VllmKVEvents:
-        """Events for a :class:`~.manager.HybridKVCacheManager` (its own port over its core)."""
-        return cls(EnginePort(adapter.manager), adapter.kv_cache_config,
+        """Events for a :class:`~.manager.HybridKVCacheManager` (over its port)."""
+        return cls(adapter.port, adapter.kv_cache_config,
                    attn_ids=adapter.attn_ids, mamba_ids=adapter.mamba_ids,
                    block_size=adapter.block_size, hash_block_size=hash_block_size)
 
@@ -112,7 +111,7 @@ class VllmKVEvents:
                 view = self._views.pop(rid, None)
             else:
                 self._views[rid] = view
-        for ev in self.port.take_events():
+        for ev in self._queue.take():
             if ev.action == STORED:
                 self._stored(ev, request, view)
             elif ev.action == REMOVED:
@@ -120,6 +119,10 @@ class VllmKVEvents:
             elif ev.action == CLEARED:
                 self.known.clear()
                 self.out.append(AllBlocksCleared())
+
+    def close(self) -> None:
+        """Stop reading the port's stream (idempotent)."""
+        self._queue.close()
 
     def take(self) -> list[KVCacheEvent]:
         """vLLM's events since the last call, oldest first (vLLM's ``take_events``)."""

@@ -175,6 +175,7 @@ class _NoRemovals(VllmKVEvents):
 def _with(sched: Any, cls: type) -> None:
     mgr = sched.kv_cache_manager
     old = mgr.kv_events
+    old.close()
     mgr.kv_events = cls(old.port, mgr.kv_cache_config, attn_ids=old.attn_ids,
                         mamba_ids=old.mamba_ids, block_size=old.block_size,
                         hash_block_size=old.hash_block_size)
