@@ -48,7 +48,8 @@ INTERNAL_MEMBERS = frozenset({
 })
 #: The manager's internal members (read on a manager: ``manager.requests``, ``mgr.tick``).
 MANAGER_INTERNALS = frozenset({"requests", "tick", "index", "arena", "admission", "_get"})
-#: Names an engine module gives a core manager.
+#: Names an engine module gives a core manager (other objects have other names: vLLM's
+#: metadata ``m.num_prefills`` is not flagged, as its members are none of the above).
 MANAGER_NAMES = frozenset({"manager", "mgr", "m", "core", "_m", "cache_manager"})
 #: Index members that also exist on the port under the same name (``port.pin_snapshot``):
 #: an offence only when read on an index.
@@ -194,6 +195,7 @@ OFFENDERS = {
     "requests": "def f(self):\n    return self.manager.requests['a']\n",
     "membership": "def f(self, rid):\n    return rid in self.manager.requests\n",
     "tick": "def f(mgr):\n    mgr.tick += 1\n",
+    "admission": "def f(self, v):\n    return admission_points(self.manager.admission, v, 0, 9, 4)\n",
     "index": "def f(self):\n    return self.manager.index\n",
     "index handles": "def f(m, d):\n    return m.index.handles.get(d)\n",
     "index pin": "def f(index, node):\n    index.pin_snapshot(node)\n",
