@@ -182,7 +182,7 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
             if self.tails is not None:
                 self.tails.forget(rid)
         tenant = request.cache_salt
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if self.is_private(request):
             tenant = f"\x00private:{rid}"  # its own chain: it can neither hit nor be hit
         lora = request.lora_request.lora_name if request.lora_request else None
         mm = tuple(
@@ -192,6 +192,10 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         self.port.add_request(rid, tokens, tenant=tenant, lora=lora, mm_items=mm)
         if self.tails is not None:
             self.tails.add_request(rid, tokens, tenant, lora, mm)
+
+    def is_private(self, request: Request) -> bool:
+        """Whether ``request`` neither hits nor can be hit (prefix caching off for it)."""
+        return not self.enable_caching or request.skip_reading_prefix_cache
 
     def _sync(self, tr: _Tracked) -> None:
         """Append tokens the manager has not seen and commit what the worker computed."""
@@ -206,6 +210,8 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         if self.tails is not None and n > tr.fine_seen:
             tr.fine_seen = n
             self._tell_tails(tr, n)
+            if self.kv_events is not None:
+                self.kv_events.collect(request)  # (tails it made)
         self._unpin(tr, keep_from=n)
         if n > view.num_computed:
             self._hold_dropped_live_save(tr, n)

@@ -32,6 +32,7 @@ class PrefixLookups:
     prefix_cache_stats: Any
     stats_counters: Any
     tails: Any
+    kv_events: Any
     empty_kv_cache_blocks: KVCacheBlocks
     _pending_snaps: set[bytes]
     _wait: set[str]
@@ -55,17 +56,21 @@ class PrefixLookups:
         if not self.prefix_cache_lookup_enabled(request):
             return self.empty_kv_cache_blocks, 0, 0
         rid = request.request_id
-        hit = self.manager.match(rid).hit_tokens
+        hit = self.port.match(rid).hit_tokens
         if self._pending_deeper(rid, hit):
             self._wait.add(rid)
         fine = self._fine_lookup(request, hit)
         self.stats_counters.lookups += 1
         self.stats_counters.lookup_hit_tokens += fine.hit_tokens if fine else hit
         if fine is not None and fine.tail is not None:
-            return self._tail_blocks(rid, hit, fine), fine.hit_tokens, 0
-        if hit == 0:
+            blocks, tail, hit = self._tail_blocks(rid, hit, fine), fine.tail, fine.hit_tokens
+        elif hit == 0:
             return self.empty_kv_cache_blocks, 0, 0
-        return self._hit_blocks(rid, hit), hit, 0
+        else:
+            blocks, tail = self._hit_blocks(rid, hit), None
+        if self.kv_events is not None:  # kv_cache_report_mode="full" reports the reuse
+            self.kv_events.reused(request, blocks.get_block_ids(), tail)
+        return blocks, hit, 0
 
     def _pending_deeper(self, rid: str, hit: int) -> bool:
         """Whether a request in this step is writing a snapshot deeper on this prompt's path.
