@@ -381,6 +381,9 @@ def assert_ours_clean(sched: Any) -> None:
         # Copies of the last step may still be listed (run, awaiting the next step).
         assert all(p.emitted for p in mgr.tails.pending) and not mgr.tails.hashers
     assert mgr.stats_counters.saves_dropped == 0
+    # Every page and slot owned once: by an entry, or by the adapter through its port (the
+    # null page, tails' copies), which also recounts the index and arena.
+    mgr.port.check_invariants()
 
 
 @dataclass
