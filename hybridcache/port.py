@@ -29,6 +29,7 @@ internals and change without notice. The port gives
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -53,6 +54,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
 
+def _field(name: str, doc: str | None = None) -> property:
+    """A read-only property reading the record's field ``name`` (a C-level getter: the
+    engine reads these per request and step)."""
+    return property(attrgetter(f"_r.{name}"), doc=doc)
+
+
 class RequestView:
     """Read-only view of one live request (the manager's record changes underneath it).
 
@@ -65,20 +72,20 @@ class RequestView:
     def __init__(self, record: Request) -> None:
         self._r = record
 
-    id = property(lambda self: self._r.id)
-    tenant = property(lambda self: self._r.tenant)
-    num_tokens = property(lambda self: self._r.num_tokens, doc="tokens known (prompt + appended)")
-    prompt_len = property(lambda self: self._r.prompt_len)
-    allocated = property(lambda self: self._r.allocated, doc="the first allocate ran")
-    num_allocated = property(lambda self: self._r.num_allocated)
-    num_computed = property(lambda self: self._r.num_computed, doc="tokens committed")
-    hit_tokens = property(lambda self: self._r.hit_tokens)
-    kv_hit_tokens = property(lambda self: self._r.kv_hit_tokens)
-    registered_units = property(lambda self: self._r.units)
-    running_slot = property(lambda self: self._r.slot)
-    rolling_slot = property(lambda self: self._r.rolling_slot, doc="turn-end save slot (-1: none)")
-    rolling_boundary = property(lambda self: self._r.rolling_boundary)
-    step_start = property(lambda self: self._r.step_start, doc=(
+    id = _field("id")
+    tenant = _field("tenant")
+    num_tokens = _field("num_tokens", doc="tokens known (prompt + appended)")
+    prompt_len = _field("prompt_len")
+    allocated = _field("allocated", doc="the first allocate ran")
+    num_allocated = _field("num_allocated")
+    num_computed = _field("num_computed", doc="tokens committed")
+    hit_tokens = _field("hit_tokens")
+    kv_hit_tokens = _field("kv_hit_tokens")
+    registered_units = _field("units")
+    running_slot = _field("slot")
+    rolling_slot = _field("rolling_slot", doc="turn-end save slot (-1: none)")
+    rolling_boundary = _field("rolling_boundary")
+    step_start = _field("step_start", doc=(
         "first token of the last allocated step (what accept counts from)"))
     num_draft_slots = property(lambda self: len(self._r.draft_slots), doc=(
         "draft slots of the last step (allocate(num_draft=)), freed by accept"))
@@ -157,6 +164,12 @@ class EnginePort:
         self._engine_pages: set[int] = set()
         self._engine_slots: set[int] = set()
         self._observer = observer
+        # The pure pass-throughs of the request path are bound to the manager's own
+        # methods (unless a subclass overrides them): an engine calls them per request and
+        # step, and the port then adds no call frame there. The methods below document them.
+        for name in _PASS_THROUGH:
+            if getattr(type(self), name) is getattr(EnginePort, name):
+                setattr(self, name, getattr(manager, name))
         if record_events:
             self._log().default_queue()
         if observer is not None:
@@ -502,6 +515,11 @@ class EnginePort:
     def check_invariants(self) -> None:
         """Check the manager's, index's and arena's invariants (raises ``AssertionError``)."""
         check_manager(self._m, len(self._engine_pages), len(self._engine_slots))
+
+
+#: Port calls that are the manager's call unchanged (bound per instance, see __init__).
+_PASS_THROUGH = ("add_request", "match", "allocate", "append_tokens", "commit", "free",
+                 "save_in_running_slot", "cancel_save")
 
 
 class _Unallocated(NamedTuple):

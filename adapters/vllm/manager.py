@@ -121,6 +121,8 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         self.manager = HybridCacheManager(self.spec, self.num_blocks * self.block_size, cfg)
         self.port = EnginePort(self.manager, record_events=False)
         self.attn_groups = self.port.attention_groups  # our group names, in attn_ids order
+        self._pages_per_block = max(self.port.layout.pages_per_block, 1)
+        self._quotas = bool(self.port.config.tenant_quotas)
         self.slot_blocks = len(self.mamba_ids)  # vLLM blocks per state slot
         # vLLM reserves block 0 as the null block (padding in block tables); keep our
         # page 0 allocated forever so that the arena never hands it out.
@@ -241,7 +243,7 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         if not self.mamba_ids or n % self.block_size or n not in tr.view.save_slots:
             return
         rid = tr.request.request_id
-        if self.port.config.tenant_quotas or self.port.snapshot_slot(rid, n) >= 0:
+        if self._quotas or self.port.snapshot_slot(rid, n) >= 0:
             tr.held.append((n, self.port.take_save_slot(rid, n)))
             self.stats_counters.live_saves_held += 1
 
@@ -374,7 +376,7 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
     def _arena_blocks_needed(self, num_tokens: int) -> int:
         """Arena blocks an allocation of ``num_tokens`` may take (pages and two slots)."""
         pages = (-(-num_tokens // self.block_size) + 1) * len(self.attn_ids)
-        return -(-pages // max(self.port.layout.pages_per_block, 1)) + 2
+        return -(-pages // self._pages_per_block) + 2
 
     def _track_first(self, request: Request, alloc: Allocation, num_hit: int) -> _Tracked:
         """Track a request after its first allocation, which must hit the adopted tokens."""
