@@ -14,6 +14,10 @@ internals and change without notice. The port gives
   :meth:`block_tables`, :meth:`cached_prefix`, :meth:`snapshot_slot`, :meth:`device_prefix`;
 - :meth:`pin_snapshot` / :meth:`unpin_snapshot`: keep a snapshot a running step still
   reads (its slot is the step's input) from eviction;
+- engine-owned memory: :meth:`take_page` / :meth:`release_page`, :meth:`take_slot` /
+  :meth:`release_slot`, :meth:`reserve_page` and :attr:`free_blocks` (blocks an engine
+  keeps its own copies in, e.g. vLLM's sub-block tails and speculative state columns);
+  :meth:`move_save_to` hands an engine slot to a save point;
 - :meth:`import_prefix`: register a prefix whose bytes a tier loaded into the arena
   (:class:`~hybridcache.port_import.PrefixImport`);
 - :meth:`take_events`: the event stream (:mod:`hybridcache.events`); :meth:`subscribe`
@@ -25,18 +29,22 @@ internals and change without notice. The port gives
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from operator import attrgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
+from hybridcache import validation
 from hybridcache.admission import admission_points
 from hybridcache.arena import ArenaLayout
+from hybridcache.config import CacheConfig
 from hybridcache.errors import InvalidRequestError
 from hybridcache.events import CacheEvent, EventLog, EventQueue, Observer, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
-from hybridcache.plans import Allocation, CacheConfig, MatchResult
+from hybridcache.plans import Allocation, MatchResult
+from hybridcache.room import fits
 from hybridcache.runs import hold_tables
 from hybridcache.spec import ModelSpec
 
@@ -45,6 +53,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.manager import HybridCacheManager
     from hybridcache.port_import import PrefixImport
     from hybridcache.requests import Request
+
+
+def _field(name: str, doc: str | None = None) -> property:
+    """A read-only property reading the record's field ``name`` (a C-level getter: the
+    engine reads these per request and step)."""
+    return property(attrgetter(f"_r.{name}"), doc=doc)
 
 
 class RequestView:
@@ -59,19 +73,23 @@ class RequestView:
     def __init__(self, record: Request) -> None:
         self._r = record
 
-    id = property(lambda self: self._r.id)
-    tenant = property(lambda self: self._r.tenant)
-    num_tokens = property(lambda self: self._r.num_tokens, doc="tokens known (prompt + appended)")
-    prompt_len = property(lambda self: self._r.prompt_len)
-    allocated = property(lambda self: self._r.allocated, doc="the first allocate ran")
-    num_allocated = property(lambda self: self._r.num_allocated)
-    num_computed = property(lambda self: self._r.num_computed, doc="tokens committed")
-    hit_tokens = property(lambda self: self._r.hit_tokens)
-    kv_hit_tokens = property(lambda self: self._r.kv_hit_tokens)
-    registered_units = property(lambda self: self._r.units)
-    running_slot = property(lambda self: self._r.slot)
-    rolling_slot = property(lambda self: self._r.rolling_slot, doc="turn-end save slot (-1: none)")
-    rolling_boundary = property(lambda self: self._r.rolling_boundary)
+    id = _field("id")
+    tenant = _field("tenant")
+    num_tokens = _field("num_tokens", doc="tokens known (prompt + appended)")
+    prompt_len = _field("prompt_len")
+    allocated = _field("allocated", doc="the first allocate ran")
+    num_allocated = _field("num_allocated")
+    num_computed = _field("num_computed", doc="tokens committed")
+    hit_tokens = _field("hit_tokens")
+    kv_hit_tokens = _field("kv_hit_tokens")
+    registered_units = _field("units")
+    running_slot = _field("slot")
+    rolling_slot = _field("rolling_slot", doc="turn-end save slot (-1: none)")
+    rolling_boundary = _field("rolling_boundary")
+    step_start = _field("step_start", doc=(
+        "first token of the last allocated step (what accept counts from)"))
+    num_draft_slots = property(lambda self: len(self._r.draft_slots), doc=(
+        "draft slots of the last step (allocate(num_draft=)), freed by accept"))
     duplicate_units = property(lambda self: len(self._r.dup_pages), doc=(
         "units the request recomputed although another request registered them meanwhile: "
         "it keeps its own page of each and holds the cached one too"))
@@ -141,11 +159,18 @@ class EnginePort:
         inside the cache call (see :class:`~hybridcache.events.EventLog` for its contract);
         :meth:`close` detaches it."""
         self._m = manager
-        # Pages and slots the engine owns (reserve_page, take_save_slot): the invariant
+        # Pages and slots the engine owns (take_page, reserve_page, take_slot,
+        # take_save_slot): only these can be released through the port, and the invariant
         # check counts them as owned.
-        self._engine_pages = 0
-        self._engine_slots = 0
+        self._engine_pages: set[int] = set()
+        self._engine_slots: set[int] = set()
         self._observer = observer
+        # The pure pass-throughs of the request path are bound to the manager's own
+        # methods (unless a subclass overrides them): an engine calls them per request and
+        # step, and the port then adds no call frame there. The methods below document them.
+        for name in _PASS_THROUGH:
+            if getattr(type(self), name) is getattr(EnginePort, name):
+                setattr(self, name, getattr(manager, name))
         if record_events:
             self._log().default_queue()
         if observer is not None:
@@ -242,8 +267,33 @@ class EnginePort:
     def commit(self, request_id: str, num_computed_tokens: int) -> None:
         self._m.commit(request_id, num_computed_tokens)
 
-    def accept(self, request_id: str, num_accepted: int) -> None:
-        self._m.accept(request_id, num_accepted)
+    def accept(self, request_id: str, num_accepted: int, *, keep_pages: bool = False) -> None:
+        """Keep the first ``num_accepted`` inputs of the last step (speculative decoding).
+
+        ``keep_pages``: the pages past the accepted tokens stay with the request instead of
+        being freed (an engine whose block tables are append-only, as vLLM's worker: a page
+        given for a draft position stays in its table and receives that position's KV
+        again next step). They are registered only once computed, like any page, and freed
+        with the request. A refused call changes nothing.
+        """
+        if not keep_pages:
+            self._m.accept(request_id, num_accepted)
+            return
+        m = self._m
+        req = m._get(request_id)
+        n = validation.as_count(num_accepted, "num_accepted")
+        keep = max(-(-(req.step_start + n) // m.unit), req.units)
+        spare = [t[keep:] for t in req.pages]
+        allocated = req.units_allocated
+        for t in req.pages:
+            del t[keep:]
+        req.units_allocated = min(allocated, keep)
+        try:
+            m.accept(request_id, n)
+        finally:  # accepted or refused, the pages past ``keep`` are the request's again
+            for t, extra in zip(req.pages, spare):
+                t.extend(extra)
+            req.units_allocated = allocated
 
     def free(self, request_id: str, *, finished: bool = True) -> None:
         self._m.free(request_id, finished=finished)
@@ -282,21 +332,80 @@ class EnginePort:
         slot = req.saves.pop(boundary, None)
         if slot is None:
             raise InvalidRequestError(f"request {request_id!r}: no save point at {boundary}")
-        self._engine_slots += 1
+        self._engine_slots.add(slot)
+        return slot
+
+    def move_save_to(self, request_id: str, boundary: int, slot: int, *, turn_end: bool = False) -> None:
+        """The engine wrote the state at ``boundary`` into ``slot`` (one it owns) instead of
+        the save point's own slot: the save point takes ``slot``, and the slot it had is
+        freed. ``turn_end``: the request's turn-end save (:attr:`RequestView.rolling_slot`)
+        rather than a snapshot save point. Why: vLLM's speculative steps write each
+        position's state into a block column of its own, so the state is already there.
+        """
+        req = self._m._get(request_id)
+        if slot not in self._engine_slots:
+            raise InvalidRequestError(f"slot {slot} is not the engine's")
+        if turn_end and req.rolling_slot >= 0 and boundary == req.rolling_boundary:
+            old, req.rolling_slot = req.rolling_slot, slot
+        elif not turn_end and boundary in req.saves:
+            old, req.saves[boundary] = req.saves[boundary], slot
+        else:
+            what = "turn-end save" if turn_end else "save point"
+            raise InvalidRequestError(f"request {request_id!r}: no {what} at {boundary}")
+        self._engine_slots.discard(slot)
+        self._m.arena.free_slot(old)
+
+    # ------------------------------------------------------------------ engine-owned memory
+    @property
+    def free_blocks(self) -> int:
+        """Arena blocks nobody uses: each holds ``layout.pages_per_block`` pages or
+        ``layout.slots_per_block`` slots (what :meth:`take_page` / :meth:`take_slot` can
+        have without eviction, give or take the free entries of open blocks)."""
+        return self._m.arena.free_block_count
+
+    def take_page(self) -> int | None:
+        """A free page the engine owns until :meth:`release_page`, or ``None``: never
+        evicts (an engine's own copies live in memory nothing else wants)."""
+        page = self._m.arena.alloc_page()
+        if page is not None:
+            self._engine_pages.add(page)
+        return page
+
+    def release_page(self, page: int) -> None:
+        """Give back a page taken with :meth:`take_page`."""
+        if page not in self._engine_pages:
+            raise InvalidRequestError(f"page {page} is not the engine's")
+        self._engine_pages.discard(page)
+        self._m.arena.free_page(page)
+
+    def take_slot(self, *, evict: bool = False) -> int | None:
+        """A state slot the engine owns until :meth:`release_slot`, or ``None``.
+
+        ``evict=False``: a free slot only. ``evict=True``: cached entries no request holds
+        are evicted for it, as an allocation would; counted first (``None`` then means
+        that nothing was evicted).
+        """
+        m = self._m
+        slot = m.arena.alloc_slot()
+        if slot is None and evict and fits(m.index, 0, 1):
+            slot = m.index.alloc_slot()
+        if slot is not None:
+            self._engine_slots.add(slot)
         return slot
 
     def release_slot(self, slot: int) -> None:
-        """Give back a slot taken with :meth:`take_save_slot`."""
+        """Give back a slot taken with :meth:`take_slot` or :meth:`take_save_slot`."""
+        if slot not in self._engine_slots:
+            raise InvalidRequestError(f"slot {slot} is not the engine's")
+        self._engine_slots.discard(slot)
         self._m.arena.free_slot(slot)
-        self._engine_slots -= 1
 
     def reserve_page(self) -> int:
         """Take one free page out of the cache for good (an engine's null block); raises
         if none is free without eviction."""
-        got = self._m.arena.alloc_page()
+        got = self.take_page()
         if got is None:
             raise InvalidRequestError("no free page to reserve")
-        self._engine_pages += 1
         return got
 
     # ------------------------------------------------------------------ views
@@ -409,7 +518,12 @@ class EnginePort:
 
     def check_invariants(self) -> None:
         """Check the manager's, index's and arena's invariants (raises ``AssertionError``)."""
-        check_manager(self._m, self._engine_pages, self._engine_slots)
+        check_manager(self._m, len(self._engine_pages), len(self._engine_slots))
+
+
+#: Port calls that are the manager's call unchanged (bound per instance, see __init__).
+_PASS_THROUGH = ("add_request", "match", "allocate", "append_tokens", "commit", "free",
+                 "save_in_running_slot", "cancel_save")
 
 
 class _Unallocated(NamedTuple):

@@ -1,42 +1,40 @@
-"""The adapter's reads and writes of the core manager's internals, in one place.
+"""Engine-owned arena blocks of the sub-block tails (:mod:`.fine`), through the port.
 
-The core manager (:class:`hybridcache.manager.HybridCacheManager`) does not yet offer
-public methods for what the sub-block tails (:mod:`.fine`) need: taking arena pages and
-state slots outside a request (a tail's copies live in vLLM blocks the manager must not
-hand out) and giving them back. Until the engine-port interface provides them, these
-functions use today's ``manager.arena``: tails live in free memory only (taking a block
-never evicts the manager's entries, and the adapter evicts tails before the manager's
-allocations would evict its own entries, see :func:`free_blocks`); switching to the public API changes this module
-only.
+A tail's copies live in vLLM blocks the core must not hand out: pages and state slots the
+engine takes out of free memory and gives back (:meth:`hybridcache.port.EnginePort.take_page`
+and friends). Taking never evicts the core's entries, and the adapter evicts tails before
+the core's allocations would evict its own entries (see :func:`free_blocks`), so tails only
+ever hold memory nothing else wants. Kept as functions over the port so that :mod:`.fine`
+names one small surface.
 """
 
 from __future__ import annotations
 
-from hybridcache.manager import HybridCacheManager
+from hybridcache.port import EnginePort
 
 
-def take_page(manager: HybridCacheManager) -> int | None:
+def take_page(port: EnginePort) -> int | None:
     """A free arena page (= one vLLM block), or ``None`` (nothing is evicted for it)."""
-    return manager.arena.alloc_page()
+    return port.take_page()
 
 
-def give_back_page(manager: HybridCacheManager, page: int) -> None:
-    manager.arena.free_page(page)
+def give_back_page(port: EnginePort, page: int) -> None:
+    port.release_page(page)
 
 
-def take_slot(manager: HybridCacheManager) -> int | None:
+def take_slot(port: EnginePort) -> int | None:
     """A free state slot (= one vLLM block per Mamba group), or ``None``."""
-    return manager.arena.alloc_slot()
+    return port.take_slot()
 
 
-def give_back_slot(manager: HybridCacheManager, slot: int) -> None:
-    manager.arena.free_slot(slot)
+def give_back_slot(port: EnginePort, slot: int) -> None:
+    port.release_slot(slot)
 
 
-def free_blocks(manager: HybridCacheManager) -> int:
+def free_blocks(port: EnginePort) -> int:
     """Arena blocks (each ``pages_per_block`` pages or one slot) nobody uses."""
-    return manager.arena.free_block_count
+    return port.free_blocks
 
 
-def pages_per_block(manager: HybridCacheManager) -> int:
-    return max(manager.layout.pages_per_block, 1)
+def pages_per_block(port: EnginePort) -> int:
+    return max(port.layout.pages_per_block, 1)

@@ -39,7 +39,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
 from hybridcache.hashing import MultiModalItem, TokenHasher
-from hybridcache.manager import HybridCacheManager
+from hybridcache.port import EnginePort
 
 from . import core_access
 
@@ -80,14 +80,14 @@ class TailCache:
     """Tails of one vLLM engine (see module docstring).
 
     Args:
-        manager: the core manager whose arena the tails' blocks come from.
+        manager: the port over the core whose arena the tails' blocks come from.
         unit: the hash unit (vLLM's ``--prefix-match-unit``).
         block: vLLM's block size (a multiple of ``unit``).
         state_blocks: vLLM block ids of a manager slot, one per Mamba group.
         max_blocks: most vLLM blocks tails may hold together.
     """
 
-    manager: HybridCacheManager
+    manager: EnginePort
     unit: int
     block: int
     state_blocks: Callable[[int], list[int]]

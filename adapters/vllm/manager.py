@@ -26,6 +26,10 @@ How our engine's decisions reach vLLM's worker without touching the worker:
 - **Commit.** vLLM caches blocks optimistically at allocation; our manager registers
   entries only once computed. The adapter commits a request's tokens at the start of the
   next scheduler step (or when it is freed), after the worker has run the previous step.
+
+The adapter talks to the core only through :class:`hybridcache.port.EnginePort`
+(``self.port``): request views, save points, pins, engine-owned slots. ``self.manager``
+is the core object the port wraps, kept for construction and white-box tests.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 from vllm.logger import init_logger
@@ -43,15 +46,14 @@ from vllm.v1.kv_cache_interface import KVCacheConfig
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
-from hybridcache.admission import admission_points
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.hashing import MultiModalItem
 from hybridcache.manager import Allocation, CacheConfig, HybridCacheManager, SavePoint
-from hybridcache.runs import hold_tables
+from hybridcache.port import EnginePort, RequestView, SnapshotPin
 from hybridcache.spec import FlopModel
 
-from . import core_access
 from .fine import FineHit, SubBlockHits, TailCache
+from .manager_lookups import PrefixLookups
 from .manager_queries import BlockQueries
 from .spec import flop_model_from_hf, group_roles, pool_block_size, pool_spec
 from .views import AdapterStats, BlockPoolView, CoordinatorView, GroupView
@@ -66,15 +68,16 @@ class _Tracked:
     """What the worker was told about one allocated request."""
 
     request: Request
+    view: RequestView  # the core's record of it (live, read-only)
     cols: list[int] = field(default_factory=list)  # state slot per Mamba column (-1: null)
     tables: list[list[int]] = field(default_factory=list)  # block ids per vLLM group
     sent: list[int] = field(default_factory=list)  # block ids per group already returned
-    pinned: list[tuple[int, Any]] = field(default_factory=list)  # (boundary, node) in use
+    pinned: list[SnapshotPin] = field(default_factory=list)  # snapshots still computed in
     held: list[tuple[int, int]] = field(default_factory=list)  # (boundary, slot) kept alive
     fine_seen: int = 0  # computed tokens the sub-block tails were last told about
 
 
-class HybridKVCacheManager(BlockQueries, SubBlockHits):
+class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
     """vLLM ``KVCacheManager`` interface implemented with :class:`HybridCacheManager`.
 
     Args:
@@ -116,10 +119,14 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         self.spec = pool_spec(kv_cache_config, flops=flops, max_model_len=max_model_len)
         cfg = dataclasses.replace(config or CacheConfig(), hash_unit=self.block_size, alignment=1)
         self.manager = HybridCacheManager(self.spec, self.num_blocks * self.block_size, cfg)
+        self.port = EnginePort(self.manager, record_events=False)
+        self.attn_groups = self.port.attention_groups  # our group names, in attn_ids order
+        self._pages_per_block = max(self.port.layout.pages_per_block, 1)
+        self._quotas = bool(self.port.config.tenant_quotas)
         self.slot_blocks = len(self.mamba_ids)  # vLLM blocks per state slot
         # vLLM reserves block 0 as the null block (padding in block tables); keep our
         # page 0 allocated forever so that the arena never hands it out.
-        if self.manager.arena.alloc_page() != 0:
+        if self.port.reserve_page() != 0:
             raise RuntimeError("hybridcache arena did not start at page 0")
         self.blocks = [KVCacheBlock(i) for i in range(self.num_blocks)]
         self.null_block = self.blocks[0]
@@ -138,7 +145,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         self._wait: set[str] = set()
         self.tails: TailCache | None = None
         if prefix_match_unit and prefix_match_unit < self.block_size and self.mamba_ids:
-            self.tails = TailCache(self.manager, prefix_match_unit, self.block_size,
+            self.tails = TailCache(self.port, prefix_match_unit, self.block_size,
                                    lambda s: [self._state_blocks(s, j) for j in range(self.slot_blocks)],
                                    max_blocks=self.num_blocks // 2)
         self._fine: dict[str, FineHit] = {}  # a waiting request's sub-block hit
@@ -168,44 +175,49 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
     def _add(self, request: Request) -> None:
         """Register ``request`` with the manager (hashing its tokens) if it is not yet."""
         rid = request.request_id
-        mreq = self.manager.requests.get(rid)
+        known = self.port.request(rid)
         tokens = list(request.all_token_ids)
-        if mreq is not None:
-            if mreq.allocated or mreq.num_tokens == len(tokens):
+        if known is not None:
+            if known.allocated or known.num_tokens == len(tokens):
                 return
-            self.manager.free(rid, finished=False)
+            self.port.free(rid, finished=False)
             if self.tails is not None:
                 self.tails.forget(rid)
         tenant = request.cache_salt
-        if not self.enable_caching or request.skip_reading_prefix_cache:
+        if self.is_private(request):
             tenant = f"\x00private:{rid}"  # its own chain: it can neither hit nor be hit
         lora = request.lora_request.lora_name if request.lora_request else None
         mm = tuple(
             MultiModalItem(f.identifier, f.mm_position.offset, f.mm_position.length)
             for f in (request.mm_features or ())
         )
-        self.manager.add_request(rid, tokens, tenant=tenant, lora=lora, mm_items=mm)
+        self.port.add_request(rid, tokens, tenant=tenant, lora=lora, mm_items=mm)
         if self.tails is not None:
             self.tails.add_request(rid, tokens, tenant, lora, mm)
 
+    def is_private(self, request: Request) -> bool:
+        """Whether ``request`` neither hits nor can be hit (prefix caching off for it)."""
+        return not self.enable_caching or request.skip_reading_prefix_cache
+
     def _sync(self, tr: _Tracked) -> None:
         """Append tokens the manager has not seen and commit what the worker computed."""
-        request = tr.request
+        request, view = tr.request, tr.view
         rid = request.request_id
-        mreq = self.manager.requests[rid]
-        if request.num_tokens > mreq.num_tokens:
-            new = list(request.all_token_ids[mreq.num_tokens :])
-            self.manager.append_tokens(rid, new)
+        if request.num_tokens > view.num_tokens:
+            new = list(request.all_token_ids[view.num_tokens :])
+            self.port.append_tokens(rid, new)
             if self.tails is not None:
                 self.tails.append(rid, new)
-        n = min(request.num_computed_tokens, mreq.num_allocated)
+        n = min(request.num_computed_tokens, view.num_allocated)
         if self.tails is not None and n > tr.fine_seen:
             tr.fine_seen = n
             self._tell_tails(tr, n)
+            if self.kv_events is not None:
+                self.kv_events.collect(request)  # (tails it made)
         self._unpin(tr, keep_from=n)
-        if n > mreq.num_computed:
-            self._hold_dropped_live_save(tr, mreq, n)
-            self.manager.commit(rid, n)
+        if n > view.num_computed:
+            self._hold_dropped_live_save(tr, n)
+            self.port.commit(rid, n)
             if self.kv_events is not None:
                 self.kv_events.collect(request)
             self.stats_counters.commits += 1
@@ -219,7 +231,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
                             [tr.tables[g][col] for g in self.attn_ids],
                             [tr.tables[g][col] for g in self.mamba_ids])
 
-    def _hold_dropped_live_save(self, tr: _Tracked, mreq: Any, n: int) -> None:
+    def _hold_dropped_live_save(self, tr: _Tracked, n: int) -> None:
         """Keep the live column's save slot out of a commit that would free it.
 
         The manager frees a save slot it cannot register (another request registered a
@@ -228,12 +240,11 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         request's running state to the next allocation; the adapter keeps the slot until
         the request has moved past ``n``.
         """
-        slot = mreq.saves.get(n) if self.mamba_ids and n % self.block_size == 0 else None
-        if slot is None:
+        if not self.mamba_ids or n % self.block_size or n not in tr.view.save_slots:
             return
-        node = self.manager.index.handles.get(mreq.hasher.digests[n // self.block_size - 1])
-        if self.manager.config.tenant_quotas or (node is not None and node.snap >= 0):
-            tr.held.append((n, mreq.saves.pop(n)))
+        rid = tr.request.request_id
+        if self._quotas or self.port.snapshot_slot(rid, n) >= 0:
+            tr.held.append((n, self.port.take_save_slot(rid, n)))
             self.stats_counters.live_saves_held += 1
 
     def _pin_live_snapshot(self, tr: _Tracked, n: int) -> None:
@@ -247,14 +258,14 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         """
         if not self.mamba_ids or n % self.block_size or n // self.block_size > len(tr.cols):
             return
-        u = n // self.block_size - 1
-        mreq = self.manager.requests[tr.request.request_id]
-        # (u past the known units: a speculative step stopped the request inside it)
-        known = 0 <= u < len(mreq.hasher.digests)
-        node = self.manager.index.handles.get(mreq.hasher.digests[u]) if known else None
-        if node is not None and node.snap >= 0 and node.snap == tr.cols[u]:
-            self.manager.index.pin_snapshot(node)
-            tr.pinned.append((n, node))
+        # (n past the known units: a speculative step stopped the request inside it; the
+        # port then finds no snapshot)
+        rid = tr.request.request_id
+        slot = self.port.snapshot_slot(rid, n)
+        if slot >= 0 and slot == tr.cols[n // self.block_size - 1]:
+            pin = self.port.pin_snapshot(rid, n)
+            assert pin is not None
+            tr.pinned.append(pin)
 
     def _unpin(self, tr: _Tracked, keep_from: int | None = None) -> None:
         """Release pins and held slots of boundaries the request has computed past.
@@ -264,116 +275,14 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         def live(b: int) -> bool:
             return keep_from is not None and b >= keep_from
 
-        for b, node in tr.pinned:
-            if not live(b):
-                self.manager.index.unpin_snapshot(node, self.manager.tick)
+        for pin in tr.pinned:
+            if not live(pin.boundary):
+                self.port.unpin_snapshot(pin)
         for b, slot in tr.held:
             if not live(b):
-                self.manager.arena.free_slot(slot)
-        tr.pinned = [(b, node) for b, node in tr.pinned if live(b)]
+                self.port.release_slot(slot)
+        tr.pinned = [pin for pin in tr.pinned if live(pin.boundary)]
         tr.held = [(b, slot) for b, slot in tr.held if live(b)]
-
-    # ------------------------------------------------------------------ lookups
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int, int]:
-        """Longest usable hit (KV in every attention group and a snapshot), as vLLM blocks.
-
-        The shared-prefix boundary (third value) is 0: vLLM uses it to stop a chunk at a
-        junction so that its Mamba manager keeps that state; here the branch-point
-        admission rule saves there and the scheduler ends a chunk at every save point.
-        """
-        self._add(request)
-        if not self.prefix_cache_lookup_enabled(request):
-            return self.empty_kv_cache_blocks, 0, 0
-        rid = request.request_id
-        hit = self.manager.match(rid).hit_tokens
-        if self._pending_deeper(rid, hit):
-            self._wait.add(rid)
-        fine = self._fine_lookup(request, hit)
-        self.stats_counters.lookups += 1
-        self.stats_counters.lookup_hit_tokens += fine.hit_tokens if fine else hit
-        if fine is not None and fine.tail is not None:
-            return self._tail_blocks(rid, hit, fine), fine.hit_tokens, 0
-        if hit == 0:
-            return self.empty_kv_cache_blocks, 0, 0
-        return self._hit_blocks(rid, hit), hit, 0
-
-    def _pending_deeper(self, rid: str, hit: int) -> bool:
-        """Whether a request in this step is writing a snapshot deeper on this prompt's path.
-
-        Like vLLM's own Mamba manager, a request that would hit a state being computed in
-        the current step is held back one step (its allocation fails) instead of being
-        computed from an older snapshot: two sessions arriving together then share the
-        system prompt's state from the second step on.
-        """
-        if not self._pending_snaps:
-            return False
-        mreq = self.manager.requests[rid]
-        max_units = (mreq.num_tokens - 1) // self.block_size
-        digests = mreq.hasher.digests[hit // self.block_size : max_units]
-        return any(d in self._pending_snaps for d in digests)
-
-    def next_save_boundary(self, request: Request, start: int, end: int) -> int | None:
-        """First boundary in ``(start, end)`` where admission wants a snapshot, if any.
-
-        The scheduler ends the chunk there: the worker writes a state only at a step's
-        end, so a save point inside a chunk could not be honoured. The answer uses the
-        same admission function as the manager (for a request not yet allocated, with the
-        prompt length and hits its first allocation will see).
-        """
-        rid = request.request_id
-        mreq = self.manager.requests.get(rid)
-        if mreq is None:
-            self._add(request)
-            mreq = self.manager.requests[rid]
-        view: Any = mreq
-        if not mreq.allocated:
-            m = self.manager.match(rid)
-            view = SimpleNamespace(
-                prompt_len=mreq.num_tokens, kv_hit_tokens=m.kv_hit_tokens, hit_tokens=m.hit_tokens
-            )
-        stop = end
-        if self.tails is not None:
-            stop = self.tails.next_save(rid, start, end) or end
-        while True:  # a shorter chunk may move a rule's point (chunk-end): to a fixpoint
-            points = admission_points(self.manager.admission, view, start, stop, self.block_size)
-            inside = [b for b, rolling in points if start < b < stop and not rolling]
-            if not inside:
-                return stop if stop < end else None
-            stop = min(inside)
-
-    def _hit_blocks(self, rid: str, hit: int) -> KVCacheBlocks:
-        mreq = self.manager.requests[rid]
-        index, digests, units = self.manager.index, mreq.hasher.digests, hit // self.block_size
-        found, holds = index.kv_path(digests, units)
-        assert found == units, "hit blocks asked for past the cached path"
-        pages = hold_tables(holds, len(self.attn_ids))
-        tables: list[list[int]] = [[] for _ in range(self.num_groups)]
-        for k, gid in enumerate(self.attn_ids):
-            tables[gid] = pages[k]
-        if self.mamba_ids:
-            snap = index.handles[digests[units - 1]].snap
-            for j, gid in enumerate(self.mamba_ids):
-                tables[gid] = [0] * (units - 1) + [self._state_blocks(snap, j)]
-        return self._kv_blocks(tables)
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        if not self.log_stats:
-            return None
-        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
-        return stats
 
     # ------------------------------------------------------------------ allocation
     def allocate_slots(
@@ -456,7 +365,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             self.tails.make_room(self._arena_blocks_needed(num_tokens))
         while True:
             try:
-                return self.manager.allocate(rid, num_tokens)
+                return self.port.allocate(rid, num_tokens)
             except OutOfSpaceError:
                 # Sub-block tails are cached entries too: give their blocks back first.
                 if self.tails is not None and self.tails.evict_one():
@@ -467,13 +376,13 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
     def _arena_blocks_needed(self, num_tokens: int) -> int:
         """Arena blocks an allocation of ``num_tokens`` may take (pages and two slots)."""
         pages = (-(-num_tokens // self.block_size) + 1) * len(self.attn_ids)
-        return -(-pages // core_access.pages_per_block(self.manager)) + 2
+        return -(-pages // self._pages_per_block) + 2
 
     def _track_first(self, request: Request, alloc: Allocation, num_hit: int) -> _Tracked:
         """Track a request after its first allocation, which must hit the adopted tokens."""
         rid = request.request_id
         if alloc.hit_tokens != num_hit:
-            self.manager.free(rid, finished=False)
+            self.port.free(rid, finished=False)
             raise RuntimeError(
                 f"request {rid}: scheduler adopted {num_hit} cached tokens "
                 f"but the manager matched {alloc.hit_tokens}"
@@ -490,19 +399,22 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
     def _first_tables(self, request: Request, alloc: Allocation) -> _Tracked:
         b = self.block_size
         hit_units = alloc.start // b
-        tr = _Tracked(request, tables=[[] for _ in range(self.num_groups)], sent=[0] * self.num_groups)
+        view = self.port.request(request.request_id)
+        assert view is not None
+        tr = _Tracked(request, view, tables=[[] for _ in range(self.num_groups)],
+                      sent=[0] * self.num_groups)
         if hit_units and self.mamba_ids:
             (snap,) = alloc.state_copies.src
             tr.cols = [NULL_SLOT] * (hit_units - 1) + [snap]
         for k, gid in enumerate(self.attn_ids):
-            tr.tables[gid] = list(alloc.block_table[self.manager.groups[k]][:hit_units])
+            tr.tables[gid] = list(alloc.block_table[self.attn_groups[k]][:hit_units])
         return tr
 
     def _extend_pages(self, tr: _Tracked, alloc: Allocation) -> None:
         """Append the allocation's new attention pages to the worker's block tables (the
         pages the worker already holds never change)."""
         for k, gid in enumerate(self.attn_ids):
-            table = alloc.block_table[self.manager.groups[k]]
+            table = alloc.block_table[self.attn_groups[k]]
             old = tr.tables[gid]
             if table[: len(old)] != old:
                 raise RuntimeError("hybridcache changed pages the worker already holds")
@@ -514,18 +426,18 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         self._extend_pages(tr, alloc)
         if not self.mamba_ids:
             return
-        mreq = self.manager.requests[tr.request.request_id]
+        view = tr.view
         end = alloc.start + alloc.num_tokens
         last_col = (end - 1) // self.block_size
         while len(tr.cols) <= last_col:
-            tr.cols.append(mreq.slot)
+            tr.cols.append(view.running_slot)
         for sp in alloc.save_points:
-            if self._run_save(mreq, sp, end):
-                self._pending_snaps.add(mreq.hasher.digests[end // self.block_size - 1])
+            if self._run_save(view, sp, end):
+                self._pending_snaps.add(view.digests[end // self.block_size - 1])
         for j, gid in enumerate(self.mamba_ids):
             tr.tables[gid] = [self._state_blocks(s, j) for s in tr.cols]
 
-    def _run_save(self, mreq: Any, sp: SavePoint, end: int) -> bool:
+    def _run_save(self, view: RequestView, sp: SavePoint, end: int) -> bool:
         """Make the block that holds the state at ``sp.boundary`` the snapshot.
 
         The current column's block is the running slot and holds the state at ``end``
@@ -538,13 +450,13 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             True when a snapshot will be registered at the next commit (not for the
             rolling turn-end save, which is registered when the request finishes).
         """
-        rolling = sp.slot == mreq.rolling_slot and sp.boundary == mreq.rolling_boundary
+        rolling = sp.slot == view.rolling_slot and sp.boundary == view.rolling_boundary
         if sp.boundary == end and end % self.block_size == 0:
-            self.manager.save_in_running_slot(mreq.id, sp.boundary)
+            self.port.save_in_running_slot(view.id, sp.boundary)
             self.stats_counters.saves_in_place += 1
             return not rolling
         self.stats_counters.saves_dropped += 1
-        self.manager.cancel_save(mreq.id, sp.boundary)
+        self.port.cancel_save(view.id, sp.boundary)
         return False
 
     # ------------------------------------------------------------------ steps
@@ -593,7 +505,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         """Commit what was computed, then release; a finished request keeps its turn-end snapshot."""
         rid = request.request_id
         tr = self._tracked.pop(rid, None)
-        if rid not in self.manager.requests:
+        if rid not in self.port:
             return
         if tr is not None:
             self._sync(tr)
@@ -601,7 +513,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
         self._fine.pop(rid, None)
         if self.tails is not None:
             self.tails.forget(rid)
-        self.manager.free(rid, finished=request.is_finished())
+        self.port.free(rid, finished=request.is_finished())
         if self.kv_events is not None:
             self.kv_events.collect(request)
 
@@ -624,7 +536,7 @@ class HybridKVCacheManager(BlockQueries, SubBlockHits):
             return False
         if self.tails is not None:
             self.tails.clear()
-        (self.manager if self.kv_events is None else self.kv_events.port).clear()
+        self.port.clear()
         if self.log_stats:
             assert self.prefix_cache_stats is not None
             self.prefix_cache_stats.reset = True

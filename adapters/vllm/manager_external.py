@@ -43,6 +43,7 @@ from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
 from hybridcache.manager import Allocation, SavePoint
+from hybridcache.port import RequestView
 
 from .manager import HybridKVCacheManager, _Tracked
 
@@ -159,13 +160,13 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
 
     def _only_end_save(self, rid: str, alloc: Allocation, end: int) -> Allocation:
         """Cancel save points inside a loaded range: only the state at its end exists."""
-        mreq = self.manager.requests[rid]
+        view = self._tracked[rid].view
         keep: list[SavePoint] = []
         for sp in alloc.save_points:
             if sp.boundary == end:
                 keep.append(sp)
-            elif sp.boundary in mreq.saves or sp.boundary == mreq.rolling_boundary:
-                self.manager.cancel_save(rid, sp.boundary)
+            elif sp.boundary in view.save_slots or sp.boundary == view.rolling_boundary:
+                self.port.cancel_save(rid, sp.boundary)
                 self.stats_counters.external_saves_skipped += 1
         return alloc._replace(save_points=tuple(keep))
 
@@ -228,27 +229,27 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         tr = self._tracked.pop(rid, None)
         if tr is not None:
             self._unpin(tr)
-        if rid in self.manager.requests:
-            self.manager.free(rid, finished=False)
+        if rid in self.port:
+            self.port.free(rid, finished=False)
 
     # ------------------------------------------------------------------ saves
-    def _run_save(self, mreq: Any, sp: SavePoint, end: int) -> bool:
+    def _run_save(self, view: RequestView, sp: SavePoint, end: int) -> bool:
         """Serve the save point as the base class does; offer a state it writes this step.
 
         The running slot's block (this step's last column) receives the state at ``end``,
         so that block, in every Mamba group, is the hand-off. States loaded by the
         connector are not offered back to it.
         """
-        running = mreq.slot
-        kept = super()._run_save(mreq, sp, end)
+        running = view.running_slot
+        kept = super()._run_save(view, sp, end)
         in_place = sp.boundary == end and end % self.block_size == 0
         if (
             in_place
             and running >= 0
-            and mreq.id not in self._loading
-            and all(b != end for _, _, b in self._offers.get(mreq.id, ()))
+            and view.id not in self._loading
+            and all(b != end for _, _, b in self._offers.get(view.id, ()))
         ):
-            self._offers.setdefault(mreq.id, []).extend(
+            self._offers.setdefault(view.id, []).extend(
                 (gid, self._state_blocks(running, j), end) for j, gid in enumerate(self.mamba_ids)
             )
             self.stats_counters.boundary_offers += 1

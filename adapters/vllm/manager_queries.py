@@ -1,7 +1,8 @@
 """Read-only answers of :class:`~.manager.HybridKVCacheManager` to vLLM's scheduler.
 
 Block tables, free-block counts and statistics, split from the manager module so that each
-module stays small; they read the manager's request records and do not change them.
+module stays small; they read the core through the adapter's port (request views, arena
+usage) and change nothing.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ from typing import Any
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.request import Request
 
+from hybridcache.port import EnginePort
+
 
 class BlockQueries:
     """Mixin of :class:`~.manager.HybridKVCacheManager` (its attributes are the manager's)."""
 
     _tracked: dict[str, Any]
-    manager: Any
+    port: EnginePort
     attn_ids: list[int]
     num_groups: int
     num_blocks: int
@@ -34,7 +37,7 @@ class BlockQueries:
         count against the pool; the new request needs pages for its unmatched units and a
         running slot plus one save slot.
         """
-        units = -(-min(request.num_tokens, self.manager.spec.max_model_len) // self.block_size)
+        units = -(-min(request.num_tokens, self.port.spec.max_model_len) // self.block_size)
         need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
         return self._held_blocks() + need <= self.num_blocks - 1
 
@@ -44,11 +47,11 @@ class BlockQueries:
         for tr in self._tracked.values():
             for gid in self.attn_ids:
                 ids.update(tr.tables[gid])
-            mreq = self.manager.requests[tr.request.request_id]
-            slots += 1 + len(mreq.saves) + (mreq.rolling_slot >= 0)
+            view = tr.view
+            slots += 1 + len(view.save_slots) + (view.rolling_slot >= 0)
             # A unit this request recomputed although another request had registered it
             # meanwhile: the request keeps its page and holds the cached one too.
-            dups += len(mreq.dup_pages) * len(self.attn_ids)
+            dups += view.duplicate_units * len(self.attn_ids)
         return len(ids) + dups + slots * self.slot_blocks
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
@@ -69,14 +72,14 @@ class BlockQueries:
         return [0] * self.num_groups
 
     def estimate_cached_tokens(self, request: Request) -> int:
-        mreq = self.manager.requests.get(request.request_id)
-        if mreq is None:
+        view = self.port.request(request.request_id)
+        if view is None:
             return 0
-        return min(mreq.units * self.block_size, request.num_prompt_tokens)
+        return min(view.registered_units * self.block_size, request.num_prompt_tokens)
 
     def num_free_blocks(self) -> int:
-        arena = self.manager.arena
-        used = arena.pages_in_use + arena.slots_in_use * max(self.slot_blocks, 1)
+        pages, slots = self.port.usage()
+        used = pages + slots * max(self.slot_blocks, 1)
         return max(self.num_blocks - used, 0)
 
     @property
@@ -86,7 +89,7 @@ class BlockQueries:
 
     def stats(self) -> dict[str, object]:
         """The engine's metrics plus the adapter's counters, JSON-friendly."""
-        out = dict(self.manager.stats())
+        out = dict(self.port.stats())
         out.update(dataclasses.asdict(self.stats_counters))
         c = self.stats_counters
         out["served_token_hit_rate"] = (

@@ -201,7 +201,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             self.tails.make_room(self._arena_blocks_needed(num_tokens) + 1 + self.num_spec)
         while True:
             try:
-                return self.manager.allocate(rid, num_tokens, num_draft=self._draft)
+                return self.port.allocate(rid, num_tokens, num_draft=self._draft)
             except OutOfSpaceError:
                 if self.tails is not None and self.tails.evict_one():
                     continue
@@ -210,24 +210,23 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
 
     def _undo_first_allocation(self, request: Request) -> None:
         """Undo a refused first allocation: the request is registered afresh, as it was
-        before (core access: the engine port replaces it)."""
-        self.manager.free(request.request_id, finished=False)
+        before."""
+        self.port.free(request.request_id, finished=False)
         if self.tails is not None:
             self.tails.forget(request.request_id)
         self._add(request)
 
     def _column_slot(self) -> int | None:
-        """A slot for a state column: from the index (evicting entries), else a tail's;
-        ``None`` when none is left. (Core access: with :meth:`_give_back_slot`, what the
-        engine port replaces.)"""
-        slot = self.manager.index.alloc_slot()
+        """A slot for a state column: from the port (evicting entries), else a tail's;
+        ``None`` when none is left."""
+        slot = self.port.take_slot(evict=True)
         while slot is None and self.tails is not None and self.tails.evict_one():
-            slot = self.manager.index.alloc_slot()
+            slot = self.port.take_slot(evict=True)
         return slot
 
     def _give_back_slot(self, slot: int) -> None:
         """Return a column slot taken by :meth:`_column_slot` and not used."""
-        self.manager.arena.free_slot(slot)
+        self.port.release_slot(slot)
 
     def _extend_tables(self, tr: _Tracked, alloc: Allocation) -> None:
         """Pages as the base class; a slot of its own for every state column."""
@@ -244,12 +243,12 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
                 raise RuntimeError("hybridcache: no state slot for a speculative column")
             st.owned[len(tr.cols)] = slot
             tr.cols.append(slot)
-        mreq = self.manager.requests[rid]
+        digests = tr.view.digests
         for sp in alloc.save_points:
             st.saves.append((sp.boundary, sp.slot))
             unit = sp.boundary // self.block_size - 1
-            if sp.boundary % self.block_size == 0 and 0 <= unit < len(mreq.hasher.digests):
-                self._pending_snaps.add(mreq.hasher.digests[unit])  # (drafts: not hashed)
+            if sp.boundary % self.block_size == 0 and 0 <= unit < len(digests):
+                self._pending_snaps.add(digests[unit])  # (drafts: not hashed)
         for j, gid in enumerate(self.mamba_ids):
             tr.tables[gid] = [self._state_blocks(s, j) for s in tr.cols]
 
@@ -268,7 +267,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         c, q, d = st.step
         st.step = None
         st.landed = None
-        mreq = self.manager.requests[rid]
+        mreq = tr.view
         n_step = mreq.num_allocated - mreq.step_start
         a = min(max(tr.request.num_computed_tokens - mreq.step_start, 1), n_step)
         end = mreq.step_start + a
@@ -276,7 +275,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             st.landed = (c, end, (c + q - 1) // self.block_size)
             self.draft_tokens += d
             self.accepted_drafts += min(a - 1, d)
-        if mreq.draft_slots or a < n_step:
+        if mreq.num_draft_slots or a < n_step:
             self._accept_keeping_pages(mreq, a, end)
         for boundary, core_slot in st.saves:
             self._serve_save(st, mreq, boundary, core_slot, end)
@@ -334,48 +333,34 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         (as vLLM's own manager keeps over-allocated blocks). Its units are registered
         only once computed with known tokens, like any page.
         """
-        keep = max(-(-end // self.manager.unit), mreq.units)
-        spare = [t[keep:] for t in mreq.pages]
-        for t in mreq.pages:
-            del t[keep:]
-        allocated = mreq.units_allocated
-        mreq.units_allocated = min(allocated, keep)
-        self.manager.accept(mreq.id, a)
-        for t, extra in zip(mreq.pages, spare):
-            t.extend(extra)
-        mreq.units_allocated = allocated
+        self.port.accept(mreq.id, a, keep_pages=True)
 
     def _serve_save(self, st: _SpecState, mreq: Any, boundary: int, core_slot: int,
                     end: int) -> None:
         """Make column ``boundary // B - 1``'s slot the save point's slot (see module doc)."""
         col = boundary // self.block_size - 1
         rolling = boundary == mreq.rolling_boundary and mreq.rolling_slot == core_slot
-        kept = rolling or mreq.saves.get(boundary) == core_slot
+        kept = rolling or mreq.save_slots.get(boundary) == core_slot
         if not kept:  # accept() dropped it: the boundary's token was rejected
             self.rejected_saves += 1
             return
         if boundary > end or boundary % self.block_size or col not in st.owned:
-            self.manager.cancel_save(mreq.id, boundary)
+            self.port.cancel_save(mreq.id, boundary)
             self.stats_counters.saves_dropped += 1
             return
-        slot = st.owned.pop(col)
-        if rolling:
-            mreq.rolling_slot = slot
-        else:
-            mreq.saves[boundary] = slot
-        self.manager.arena.free_slot(core_slot)
+        self.port.move_save_to(mreq.id, boundary, st.owned.pop(col), turn_end=rolling)
         self.stats_counters.saves_in_place += 1
 
     def _free_dead_columns(self, st: _SpecState, below: int) -> None:
         """Give back owned columns the worker will neither read nor write again."""
         for col in [x for x in st.owned if x < below]:
-            self.manager.arena.free_slot(st.owned.pop(col))
+            self.port.release_slot(st.owned.pop(col))
 
     # ------------------------------------------------------------------ free
     def free(self, request: Request) -> None:
         rid = request.request_id
         tr = self._tracked.get(rid)
-        if tr is not None and rid in self.manager.requests:
+        if tr is not None and rid in self.port:
             self._accept_step(tr)
         super().free(request)
         st = self._spec.pop(rid, None)

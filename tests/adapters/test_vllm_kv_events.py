@@ -8,7 +8,10 @@ publisher) are recorded by a publisher of vLLM's interface and replayed as a rou
   the same sessions), with the same parent hash and tokens per block;
 - a replay of stored / removed events ends with exactly what the cache holds (a missing
   removal or a removal of a block never stored fails);
-- ``reset_prefix_cache`` ends with ``AllBlocksCleared``.
+- ``reset_prefix_cache`` ends with ``AllBlocksCleared``;
+- with ``--prefix-match-unit``, sub-block tails are announced as native vLLM's partial
+  entries (native's are among ours; each is the hash of its tokens) and their drops as
+  removals; ``kv_cache_report_mode="full"`` reports the blocks a hit reuses.
 """
 
 from __future__ import annotations
@@ -80,8 +83,8 @@ def workload(seed: int = 7) -> dict[str, list[h.Turn]]:
 def stored_blocks(events: list[Any], group: int) -> dict[Any, tuple[Any, tuple[int, ...]]]:
     """Per stored full block of ``group``: (parent hash, its tokens), as a router reads them.
 
-    Native vLLM with ``--prefix-match-unit`` also announces partial blocks (events with
-    ``block_size`` = the hash unit); our sub-block tails are not announced (docs/vllm.md).
+    Partial entries (``block_size`` = the hash unit: native vLLM's with
+    ``--prefix-match-unit``, our sub-block tails) are left out (see ``partial_blocks``).
     """
     out: dict[Any, tuple[Any, tuple[int, ...]]] = {}
     for e in events:
@@ -175,9 +178,8 @@ class _NoRemovals(VllmKVEvents):
 def _with(sched: Any, cls: type) -> None:
     mgr = sched.kv_cache_manager
     old = mgr.kv_events
-    mgr.kv_events = cls(old.port, mgr.kv_cache_config, attn_ids=old.attn_ids,
-                        mamba_ids=old.mamba_ids, block_size=old.block_size,
-                        hash_block_size=old.hash_block_size)
+    old.close()
+    mgr.kv_events = cls.for_adapter(mgr, old.hash_block_size)
 
 
 def test_a_wrong_parent_hash_is_caught(model_dir):
@@ -266,3 +268,159 @@ def test_random_streams_replay_to_the_cache(model_dir, seed):
     theirs = stored_blocks(nrec.events, ATTN)
     mine = stored_blocks(rec.events, ATTN)
     assert mine and all(theirs.get(k) == v for k, v in mine.items())
+
+
+# ---------------------------------------------------------------------- sub-block tails
+UNIT = 16
+
+
+def short_workload(seed: int = 1) -> dict[str, list[h.Turn]]:
+    """Prompts that end inside 64-token blocks: hits there are sub-block tails."""
+    return h.chats_and_document(seed, chats=3, turns=3, first=(20, 7), later=(15, 3),
+                                answers=(20, 12), questions=3)
+
+
+def partial_blocks(events: list[Any], group: int) -> dict[Any, tuple[Any, tuple[int, ...]]]:
+    """Per announced partial entry of ``group`` (``block_size`` = the hash unit): (parent
+    hash, the tokens of its last unit)."""
+    return {e.block_hashes[0]: (e.parent_block_hash, tuple(e.token_ids)) for e in events
+            if isinstance(e, BlockStored) and e.group_idx == group and e.block_size == UNIT}
+
+
+def replay_partials(events: list[Any], group: int) -> tuple[set[Any], list[str]]:
+    """A router's partial entries of ``group`` after the events (and inconsistencies)."""
+    live: set[Any] = set()
+    errors: list[str] = []
+    for e in events:
+        if isinstance(e, AllBlocksCleared):
+            live.clear()
+        elif getattr(e, "group_idx", None) != group:
+            continue
+        elif isinstance(e, BlockStored) and e.block_size == UNIT:
+            live.update(e.block_hashes)
+        elif isinstance(e, BlockRemoved):
+            live.difference_update(e.block_hashes)
+    return live, errors
+
+
+def unit_chains(sessions: dict[str, list[h.Turn]], res: Any) -> dict[Any, tuple[Any, tuple[int, ...]]]:
+    """Every prefix of every request the run served, at the hash unit: vLLM's hash of it
+    (as events carry it) -> (its parent's, the last unit's tokens). What a router derives
+    from the tokens it routed."""
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import hash_block_tokens, maybe_convert_block_hash
+
+    out = {}
+    for s, turns in sessions.items():
+        history: list[int] = []
+        for k, turn in enumerate(turns):
+            tokens = history + turn.new_tokens + res.outputs[f"{s}/{k}"]
+            parent = None
+            for i in range(len(tokens) // UNIT):
+                unit = tuple(tokens[i * UNIT:(i + 1) * UNIT])
+                hsh = hash_block_tokens(sha256, parent, unit, None)
+                key = maybe_convert_block_hash(hsh)
+                out[key] = (maybe_convert_block_hash(parent) if parent else None, unit)
+                parent = hsh
+            history = tokens
+    return out
+
+
+def test_sub_block_tails_are_announced_as_vllms_partial_entries(model_dir):
+    """With ``--prefix-match-unit 16``: every tail is one partial entry per group, named as
+    native vLLM names its partial entries (hash of the prefix at the unit, its parent, the
+    last unit's tokens); native vLLM's prompt-end partials are all among ours."""
+    kw = {"prefix_match_unit": UNIT, "retention": None}
+    ours, rec = events_scheduler(model_dir, HybridCacheScheduler, 400, **kw)
+    native, nrec = events_scheduler(model_dir, Scheduler, 400, **kw)
+    res = h.drive(ours, short_workload())
+    h.drive(native, short_workload())
+    chains = unit_chains(short_workload(), res)
+    tails = ours.kv_cache_manager.tails
+    assert tails is not None and len(tails.lru) >= 3
+    for group in (ATTN, MAMBA):
+        mine, theirs = partial_blocks(rec.events, group), partial_blocks(nrec.events, group)
+        assert theirs and set(theirs.items()) <= set(mine.items())
+        assert all(chains.get(hsh) == v for hsh, v in mine.items())  # the tokens' own hash
+        live, _ = replay_partials(rec.events, group)
+        assert len(live) == len(tails.lru)  # one entry per tail the cache holds
+        e = next(e for e in rec.events if isinstance(e, BlockStored) and e.group_idx == group
+                 and e.block_size == UNIT)
+        n = next(e for e in nrec.events if isinstance(e, BlockStored) and e.group_idx == group
+                 and e.block_size == UNIT)
+        for f in ("medium", "lora_id", "kv_cache_spec_kind", "kv_cache_spec_sliding_window"):
+            assert getattr(e, f) == getattr(n, f), f
+    assert ours.kv_cache_manager.kv_events.unmapped == 0
+
+
+class _NoTailRemovals(VllmKVEvents):
+    def _removed_tails(self):  # type: ignore[override]
+        pass
+
+
+@pytest.mark.parametrize("mutant", [False, True], ids=["events", "no-tail-removals"])
+def test_dropped_tails_are_announced_removed(model_dir, mutant):
+    """A small pool evicts tails: a router replaying the events holds exactly the tails
+    the cache holds (a mutant that forgets the removals is caught)."""
+    sched, rec = events_scheduler(model_dir, HybridCacheScheduler, 40,
+                                  prefix_match_unit=UNIT, retention=None)
+    if mutant:
+        _with(sched, _NoTailRemovals)
+    h.drive(sched, h.chats_and_document(2, chats=6, turns=3, first=(20, 9), later=(15, 5),
+                                        answers=(20, 12), questions=6))
+    tails = sched.kv_cache_manager.tails
+    assert tails.evicted > 0
+    counts = {len(replay_partials(rec.events, g)[0]) for g in (ATTN, MAMBA)}
+    assert (counts != {len(tails.lru)}) if mutant else (counts == {len(tails.lru)})
+    if not mutant:
+        assert sched.reset_prefix_cache()
+        evs = rec.events + sched.kv_cache_manager.take_events()
+        assert isinstance(evs[-1], AllBlocksCleared) and not replay_partials(evs, ATTN)[0]
+
+
+def _reports(events: list[Any], baseline: list[Any]) -> list[Any]:
+    """The events a run in ``kv_cache_report_mode="full"`` sent beyond the same run in the
+    default mode: its reuse reports."""
+    def key(e: Any) -> tuple:
+        return (type(e).__name__, e.group_idx, tuple(getattr(e, "block_hashes", ())),
+                getattr(e, "parent_block_hash", None), getattr(e, "block_size", None))
+    left = [key(e) for e in baseline]
+    out = []
+    for e in events:
+        k = key(e)
+        if k in left:
+            left.remove(k)
+        else:
+            out.append(e)
+    return out
+
+
+@pytest.mark.parametrize("unit", [None, UNIT], ids=["block-hashes", "prefix-match-unit-16"])
+def test_full_report_mode_announces_reused_blocks(model_dir, unit):
+    """``kv_cache_report_mode="full"`` (vLLM's per-request option): each hit is reported as
+    vLLM's ``emit_cached_block_events`` reports it (per group, parent ``None``, hashes a
+    router already holds); the default mode reports nothing of the kind. At block hashes,
+    native vLLM's reports have the same shape (vLLM 0.32 raises on a sub-block hit in this
+    mode, so there only ours run)."""
+    kw = {} if unit is None else {"prefix_match_unit": unit, "retention": None}
+    work = short_workload() if unit else workload()
+    classes = [HybridCacheScheduler] + ([Scheduler] if unit is None else [])
+    for cls in classes:
+        runs = {}
+        for mode in ("incremental", "full"):
+            sched, rec = events_scheduler(model_dir, cls, 400, **kw)
+            h.drive(sched, work, extra_args={"kv_cache_report_mode": mode})
+            runs[mode] = rec.events
+        reports = _reports(runs["full"], runs["incremental"])
+        assert reports and all(isinstance(e, BlockStored) for e in reports), cls
+        full = [e for e in reports if e.block_size == h.BLOCK]
+        assert full and all(e.parent_block_hash is None for e in full)
+        by_group = {g: sorted(tuple(e.block_hashes) for e in full if e.group_idx == g)
+                    for g in (ATTN, MAMBA)}
+        assert by_group[ATTN] == by_group[MAMBA]  # one report per group, as vLLM's
+        known = set(stored_blocks(runs["incremental"], ATTN))
+        assert all(hsh in known for e in full for hsh in e.block_hashes)
+        if unit is not None:  # a sub-block hit also reports its tail's partial entry
+            partial = [e for e in reports if e.block_size == unit]
+            assert partial and set(partial_blocks(partial, ATTN)) <= set(
+                partial_blocks(runs["incremental"], ATTN))

@@ -363,7 +363,9 @@ class _RegistersScratchState:
         c, q, _ = self._mut_step
         col = (c + q - 1) // self.block_size + (boundary - 1 - c)
         if col in st.owned and boundary % self.block_size == 0:
-            mreq.saves[boundary] = st.owned.pop(col)
+            slot = st.owned.pop(col)  # white-box: the port refuses a save point accept dropped
+            self.manager.requests[mreq.id].saves[boundary] = slot
+            self.port._engine_slots.discard(slot)
         return None
 
 

@@ -381,6 +381,9 @@ def assert_ours_clean(sched: Any) -> None:
         # Copies of the last step may still be listed (run, awaiting the next step).
         assert all(p.emitted for p in mgr.tails.pending) and not mgr.tails.hashers
     assert mgr.stats_counters.saves_dropped == 0
+    # Every page and slot owned once: by an entry, or by the adapter through its port (the
+    # null page, tails' copies), which also recounts the index and arena.
+    mgr.port.check_invariants()
 
 
 @dataclass
@@ -397,13 +400,14 @@ class DriveResult:
 
 def run_sessions(scheduler: Any, sessions: dict[str, list[Turn]],
                  step: Callable[[Any, dict[str, Any]], Any], *,
-                 salts: dict[str, str | None] | None = None, max_steps: int) -> DriveResult:
+                 salts: dict[str, str | None] | None = None, max_steps: int,
+                 extra_args: dict[str, Any] | None = None) -> DriveResult:
     """Run every session's turns (the next turn's prompt is the whole history) to the end.
 
     All sessions start together; a session submits its next turn when the previous one
     finishes. ``step(out, live)`` plays the worker for one ``SchedulerOutput`` and returns
     the ``ModelRunnerOutput`` handed to ``update_from_output``. ``salts`` gives a session's
-    ``cache_salt``.
+    ``cache_salt``; ``extra_args`` are every request's ``SamplingParams.extra_args``.
     """
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
@@ -422,7 +426,8 @@ def run_sessions(scheduler: Any, sessions: dict[str, list[Turn]],
         turn = sessions[s][nxt[s]]
         rid = f"{s}/{nxt[s]}"
         history[s] = history[s] + turn.new_tokens
-        sp = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True, temperature=0.0)
+        sp = SamplingParams(max_tokens=turn.max_tokens, ignore_eos=True, temperature=0.0,
+                            extra_args=extra_args)
         req = Request(rid, list(history[s]), sp, None, cache_salt=salts.get(s),
                       block_hasher=hasher)
         live[rid] = req
@@ -455,7 +460,7 @@ def run_sessions(scheduler: Any, sessions: dict[str, list[Turn]],
 
 
 def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 20000,
-          worker: SimWorker | None = None) -> DriveResult:
+          worker: SimWorker | None = None, extra_args: dict[str, Any] | None = None) -> DriveResult:
     """:func:`run_sessions` with every step going through :class:`SimWorker` (so a wrong
     block fails here) and :func:`model_output`; pass the previous result's ``worker`` to
     drive the same scheduler again.
@@ -469,6 +474,6 @@ def drive(scheduler: Any, sessions: dict[str, list[Turn]], *, max_steps: int = 2
         worker.apply(out, live)
         return model_output(out, live)
 
-    res = run_sessions(scheduler, sessions, step, max_steps=max_steps)
+    res = run_sessions(scheduler, sessions, step, max_steps=max_steps, extra_args=extra_args)
     res.worker = worker
     return res

@@ -161,3 +161,98 @@ def test_check_invariants_catches_corruption():
     m.arena.free_page(run.pages[0][-1])  # a registered page freed behind the index's back
     with pytest.raises(AssertionError):
         port.check_invariants()
+
+
+def test_engine_owned_pages_and_slots():
+    """take_page / take_slot hand out free memory only; the port takes back only what it
+    handed out (a refused release changes nothing); the invariant check counts them."""
+    port = _port(blocks=8)
+    free = port.free_blocks
+    page, slot = port.take_page(), port.take_slot()
+    assert page is not None and slot is not None and port.free_blocks < free
+    assert port.usage() == (1, 1)
+    port.check_invariants()
+    for bad in (lambda: port.release_page(page + 1), lambda: port.release_slot(slot + 1),
+                lambda: port.move_save_to("nobody", 4, slot)):
+        with pytest.raises(InvalidRequestError):
+            bad()
+        assert port.usage() == (1, 1)
+    port.release_page(page)
+    port.release_slot(slot)
+    with pytest.raises(InvalidRequestError):
+        port.release_slot(slot)  # twice
+    assert port.usage() == (0, 0) and port.free_blocks == free
+    port.check_invariants()
+
+
+def test_take_slot_evicts_only_when_asked_and_counts_first():
+    port = _port(blocks=4, admission="last-token")
+    for k in range(3):  # cached snapshots fill what KV leaves
+        _serve(port, f"r{k}", list(range(100 * k, 100 * k + 13)), [])
+    taken = []
+    while (s := port.take_slot()) is not None:  # free memory only
+        taken.append(s)
+    evictions = port.stats()["evictions_state"], port.stats()["evictions_kv"]
+    assert port.take_slot() is None and (port.stats()["evictions_state"],
+                                         port.stats()["evictions_kv"]) == evictions
+    got = port.take_slot(evict=True)  # an unheld snapshot (or KV) gives way
+    assert got is not None
+    assert port.stats()["evictions_state"] + port.stats()["evictions_kv"] > sum(evictions)
+    port.check_invariants()
+    while (s := port.take_slot(evict=True)) is not None:
+        taken.append(s)
+    # Nothing left to evict: refused, and nothing changed on the way.
+    before = port.usage(), port.stats()
+    assert port.take_slot(evict=True) is None
+    assert (port.usage(), port.stats()) == before
+    for s in taken + [got]:
+        port.release_slot(s)
+    port.check_invariants()
+
+
+def test_accept_keeping_pages():
+    """keep_pages: a rejected draft's pages stay in the request's table (append-only
+    engine tables); without it they are freed; a refused accept changes nothing."""
+    for keep in (False, True):
+        port = _port()
+        port.add_request("a", list(range(10)))
+        port.allocate("a", 10)
+        port.commit("a", 10)
+        port.append_tokens("a", [7])
+        port.allocate("a", 1 + 8, num_draft=8)  # the token plus 8 drafts: up to 19 tokens
+        view = port.request("a")
+        assert view.num_draft_slots == 8 and view.step_start == 10
+        pages = port.block_tables("a")["attn"]
+        assert len(pages) == -(-19 // U)
+        before = port.usage()
+        with pytest.raises(InvalidRequestError):
+            port.accept("a", 0, keep_pages=keep)
+        assert port.block_tables("a")["attn"] == pages and port.usage() == before
+        port.accept("a", 2, keep_pages=keep)  # 12 tokens
+        after = port.block_tables("a")["attn"]
+        assert after == (pages if keep else pages[: -(-12 // U)])
+        assert view.num_allocated == 12 and view.num_draft_slots == 0
+        port.check_invariants()
+        port.free("a")
+        port.check_invariants()
+
+
+def test_move_save_to_registers_the_engines_slot():
+    port = _port(admission="last-token")
+    port.add_request("a", list(range(13)))
+    (sp,) = port.allocate("a", 13).save_points
+    mine = port.take_slot()
+    with pytest.raises(InvalidRequestError):
+        port.move_save_to("a", sp.boundary + U, mine)  # no save point there
+    with pytest.raises(InvalidRequestError):
+        port.move_save_to("a", sp.boundary, mine, turn_end=True)  # not the turn-end save
+    assert port.request("a").save_slots == {sp.boundary: sp.slot}
+    port.move_save_to("a", sp.boundary, mine)
+    assert port.request("a").save_slots == {sp.boundary: mine}
+    with pytest.raises(InvalidRequestError):
+        port.release_slot(mine)  # the request's now, not the engine's
+    port.commit("a", 13)
+    assert port.snapshot_slot("a", sp.boundary) == mine
+    port.check_invariants()
+    port.free("a")
+    port.check_invariants()
