@@ -107,6 +107,9 @@ class Evictor:
         # A slot needs an empty block: with several pages per block, only KV in slabs
         # that no request pins can help (see alloc_slot).
         self._slot_pred = self.in_unpinned_slab if arena.layout.pages_per_block > 1 else None
+        # Slot allocations evict a run's tail as a range where the victims are exactly that
+        # (see _drop_tail_range); sliding-window pages go unit by unit.
+        self._ranges = type(self.chooser) is LowestFirst and hasattr(self.kv_q, "tail_range")
 
     def in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
@@ -166,6 +169,40 @@ class Evictor:
         self._evict_kv(node)
         return -1
 
+    def _drop_tail_range(self, node: UnitHandle, pred: PagesPred | None) -> bool:
+        """Evict the KV victim ``node`` and the units before it that the chooser would take
+        next, one after another, as one range (False: not done, ``node`` is not its run's
+        queued tail or the policy ranks otherwise; nothing changed).
+
+        Freeing a state slot takes a dozen KV units in a row, mostly one run's tail: the
+        queue works out how far the same choices would go (:meth:`RunValueQueue.tail_range
+        <hybridcache.policies.value.RunValueQueue.tail_range>`), stopping after the unit
+        whose pages empty a block (the slot the loop waits for), and the index removes them
+        at once. Only for the default chooser and a queue that ranks run tails."""
+        if not self._ranges or self._index.sliding:
+            return False
+        run = node.run
+        if run is None or node.depth - run.first != len(run.digests) - 1:
+            return False
+        used, ppb = self.arena.used_per_block, self._ppb
+        left: dict[int, int] = {}
+
+        def empties_block(pages: tuple[int, ...]) -> bool:
+            for p in pages:
+                b = p // ppb
+                n = left.get(b, used[b]) - 1
+                left[b] = n
+                if not n:
+                    return True
+            return False
+
+        top = self.snap_q.peek()
+        k = self.kv_q.tail_range(run, pred, None if top is None else top[0], empties_block)
+        if not k:
+            return False
+        self._index.evict_tail_range(run, k)
+        return True
+
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
         got = self.alloc_pages(1)
@@ -204,9 +241,10 @@ class Evictor:
                             s = arena.alloc_slot()
                         continue
                     return None
-                got = self._drop(*choice, keep_slot=True)
-                if got >= 0:
-                    return got  # the evicted snapshot's slot, taken over
+                if choice[0] != "kv" or not self._drop_tail_range(choice[1], pred):
+                    got = self._drop(*choice, keep_slot=True)
+                    if got >= 0:
+                        return got  # the evicted snapshot's slot, taken over
                 if arena.may_have_slot():
                     s = arena.alloc_slot()
             return s
