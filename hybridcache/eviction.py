@@ -107,9 +107,12 @@ class Evictor:
         # A slot needs an empty block: with several pages per block, only KV in slabs
         # that no request pins can help (see alloc_slot).
         self._slot_pred = self.in_unpinned_slab if arena.layout.pages_per_block > 1 else None
-        # Slot allocations evict a run's tail as a range where the victims are exactly that
-        # (see _drop_tail_range); sliding-window pages go unit by unit.
-        self._ranges = type(self.chooser) is LowestFirst and hasattr(self.kv_q, "tail_range")
+        #: Slot allocations evict a run's tail as one range where the victims are exactly
+        #: that (see _drop_tail_range): the default chooser over a queue that ranks run
+        #: tails. False evicts unit by unit (the same victims: tests compare the two).
+        self.tail_ranges = type(self.chooser) is LowestFirst and hasattr(self.kv_q, "tail_range")
+        #: KV units evicted in ranges of more than one unit (how often the range path runs).
+        self.range_units = 0
 
     def in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
@@ -179,7 +182,7 @@ class Evictor:
         <hybridcache.policies.value.RunValueQueue.tail_range>`), stopping after the unit
         whose pages empty a block (the slot the loop waits for), and the index removes them
         at once. Only for the default chooser and a queue that ranks run tails."""
-        if not self._ranges or self._index.sliding:
+        if not self.tail_ranges or self._index.sliding:
             return False
         run = node.run
         if run is None or node.depth - run.first != len(run.digests) - 1:
@@ -201,6 +204,8 @@ class Evictor:
         if not k:
             return False
         self._index.evict_tail_range(run, k)
+        if k > 1:
+            self.range_units += k
         return True
 
     def alloc_page(self) -> int | None:
