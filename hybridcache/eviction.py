@@ -10,6 +10,12 @@ whole slab cost up to half the hit rate at small budgets). Pinned-slab entries a
 once per allocation (or per :meth:`Evictor.slot_batch`), not rescanned per victim;
 when the victim is a snapshot, the slot allocation takes its slot over.
 
+Freeing one state slot takes about a dozen KV units (a snapshot spans that many pages),
+mostly successive tails of one run. Where the chooser would take exactly such a stretch one
+unit after another, the stretch goes as one range (``_drop_tail_range``): the queue works
+out how far the same single choices reach, and the index removes the units at once, with
+the same pages freed in the same order and the same ``removed`` events.
+
 A slab is unpinned when all its pages are registered (no request's private page: the
 index's per-block registered count equals the arena's used count) and none lies in a held
 run prefix. The pinned blocks are worked out from the held runs' block segments only when a
