@@ -223,10 +223,55 @@ class Evictor:
         """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
         out = self.arena.alloc_pages(n)
         while len(out) < n:
-            if not self.evict_one():
-                break
+            choice = self.chooser.choose(None, [])  # evict_one, with a tail range
+            if choice is None:
+                if not self._evict_sliding():
+                    break
+            else:
+                got = self._take_tail_pages(choice[1], n - len(out)) if choice[0] == "kv" else None
+                if got:
+                    out += got
+                    continue
+                self._drop(*choice, keep_slot=False)
             out += self.arena.alloc_pages(n - len(out))
         return out
+
+    def _take_tail_pages(self, node: UnitHandle, want: int) -> list[int] | None:
+        """Up to ``want`` pages taken over from the KV victim ``node`` and the units before
+        it that single evictions would take next (``None``: not done, nothing changed).
+
+        Once the arena has no free page, each single victim whose page leaves its slab
+        non-empty gives that page straight back to the allocation (free, then take: the
+        arena ends as it was), so a stretch of such victims hands its pages over without
+        the arena: one page per unit, in eviction order. A victim whose page would empty
+        its slab frees a whole block, which the allocation then takes from its start: that
+        one goes the single way. One attention group only (several groups' pages come back
+        in the arena's order, not the victims')."""
+        if not self.tail_ranges or self._index.sliding:
+            return None
+        run = node.run
+        if run is None or len(run.pages) != 1 or node.depth - run.first != len(run.digests) - 1:
+            return None
+        used, ppb = self.arena.used_per_block, self._ppb
+        if used[run.pages[0][-1] // ppb] < 2:
+            return None
+
+        def keeps_slab(pages: tuple[int, ...]) -> bool:
+            return used[pages[0] // ppb] > 1
+
+        taken = [0]
+
+        def enough(pages: tuple[int, ...]) -> bool:
+            taken[0] += 1
+            return taken[0] >= want
+
+        top = self.snap_q.peek()
+        k = self.kv_q.tail_range(run, keeps_slab, None if top is None else top[0], enough, offers=False)
+        if not k:
+            return None
+        if k > 1:
+            self.range_units += k
+        return self._index.evict_tail_range(run, k, keep_pages=True)
 
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted

@@ -496,14 +496,18 @@ class PrefixIndex:
         else:
             self.bare[node.digest] = node
 
-    def evict_tail_range(self, run: Run, k: int) -> None:
+    def evict_tail_range(self, run: Run, k: int, keep_pages: bool = False) -> list[int]:
         """Drop the KV of ``run``'s last ``k`` units (unpinned): what :meth:`evict_kv` of
         each successive tail does, tail first (the same pages freed in the same order, the
         same ``removed`` events and counts), in one pass: one arena call, one fold of the
         run's ends, one queue update. The evictor's choice of the range
         (:meth:`RunValueQueue.tail_range <hybridcache.policies.value.RunValueQueue.tail_range>`)
         already did the queue's per-victim work; sliding-window caches need the per-unit
-        path (their pages go with each unit)."""
+        path (their pages go with each unit).
+
+        Returns the units' pages, tail first. ``keep_pages``: they stay allocated, handed
+        to the caller (a page allocation that would take each freed page straight back).
+        """
         n = len(run.digests)
         lo = n - k
         assert 0 < k <= n and lo >= run.held and not self.sliding
@@ -516,7 +520,8 @@ class PrefixIndex:
                 p = pl[pos]
                 reg[p // ppb] -= 1
                 freed.append(p)
-        self.arena.free_pages(freed)
+        if not keep_pages:
+            self.arena.free_pages(freed)
         nbytes = self.node_kv_bytes
         self.evictions["kv"] += k
         self.evicted_bytes["kv"] += k * nbytes
@@ -540,6 +545,7 @@ class PrefixIndex:
                         bare[d] = node
         pop_tail_range(run, k)
         self.kv_q.run_changed(run)
+        return freed
 
     def _removed_range_events(self, run: Run, lo: int) -> None:
         """The ``removed`` events of units ``[lo, len)`` of ``run``, tail first, as

@@ -356,7 +356,7 @@ class RunValueQueue:
 
     def tail_range(
         self, run: Run, pred: PagesPred | None, snap_top: float | None,
-        last: Callable[[tuple[int, ...]], bool],
+        last: Callable[[tuple[int, ...]], bool], offers: bool = True,
     ) -> int:
         """How many units from ``run``'s tail a slot allocation evicts in a row, the tail
         being its victim now; 0 if the tail is not this queue's top entry (then nothing
@@ -371,7 +371,9 @@ class RunValueQueue:
         :meth:`first` offered, and satisfies ``pred``. Its priority is the one
         :meth:`touch` gives it after the units behind it went (their hit and release
         ends fold into it). ``last(pages)``: evicting a unit with these pages gives the
-        allocation what it needs (a free block), so none is taken after it.
+        allocation what it needs (a free block), so none is taken after it. ``offers``:
+        the chooser compares :meth:`first`'s candidates (a slot allocation's), else only
+        :meth:`peek` (a page allocation's).
         """
         heap = self._heap
         if not heap or not run.qseq or heap[0][2] != run.qseq or heap[0][3] is not run:
@@ -417,10 +419,11 @@ class RunValueQueue:
                 return count  # an older entry of equal rank goes first too
             if snap_top is not None and prio > snap_top:
                 return count
-            while cands and not self._valid_cand(cands[0]):
-                heapq.heappop(cands)
-            if cands and (cands[0][0], cands[0][1]) <= (prio, order):
-                return count
+            if offers:
+                while cands and not self._valid_cand(cands[0]):
+                    heapq.heappop(cands)
+                if cands and (cands[0][0], cands[0][1]) <= (prio, order):
+                    return count
             if pred is not None and not pred(run.unit_pages(pos)):
                 return count
 
