@@ -209,9 +209,11 @@ class Evictor:
         k = self.kv_q.tail_range(run, pred, None if top is None else top[0], empties_block)
         if not k:
             return False
+        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
+            self._evict_kv(node)
+            return True
         self._index.evict_tail_range(run, k)
-        if k > 1:
-            self.range_units += k
+        self.range_units += k
         return True
 
     def alloc_page(self) -> int | None:
@@ -269,8 +271,10 @@ class Evictor:
         k = self.kv_q.tail_range(run, keeps_slab, None if top is None else top[0], enough, offers=False)
         if not k:
             return None
-        if k > 1:
-            self.range_units += k
+        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
+            self._evict_kv(node)
+            return self.arena.alloc_pages(want)  # its page (the single way's next take)
+        self.range_units += k
         return self._index.evict_tail_range(run, k, keep_pages=True)
 
     def alloc_slot(self) -> int | None:
