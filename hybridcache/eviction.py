@@ -259,6 +259,9 @@ class Evictor:
             return None
 
         def keeps_slab(pages: tuple[int, ...]) -> bool:
+            # A guard: the arena has no free page here (the last take came up short), so
+            # every KV slab is full and a handed-over page leaves its count as it was;
+            # with several pages per block this always holds (one-page blocks stop above).
             return used[pages[0] // ppb] > 1
 
         taken = [0]
