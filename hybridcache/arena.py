@@ -233,6 +233,32 @@ class Arena:
         self._free(STATE, slot, self.layout.slots_per_block)
         self.slots_in_use -= 1
 
+    def free_pages(self, pages: list[int]) -> None:
+        """Return ``pages``, in order: what :meth:`free_page` on each does (the same free
+        lists, in the same order), in one call (eviction frees a run's tail at once)."""
+        ppb, live, used = self.layout.pages_per_block, self._live[KV], self.used_per_block
+        kinds, entry_free, is_open = self._kind, self._entry_free, self._is_open
+        for page in pages:  # checked first: a refused call frees nothing
+            if not 0 <= page < len(live) or kinds[page // ppb] != KV or not live[page]:
+                raise ValueError(f"entry {page} is not allocated as KV")
+        if len(set(pages)) != len(pages):
+            raise ValueError(f"pages freed twice in one call: {pages}")
+        self.pages_in_use -= len(pages)
+        for page in pages:
+            b = page // ppb
+            live[page] = 0
+            left = used[b] - 1
+            used[b] = left
+            if not left:
+                kinds[b] = FREE
+                entry_free[b] = []
+                self._free_blocks.append(b)
+                continue
+            entry_free[b].append(page)
+            if not is_open[b]:
+                self._open[KV].append(b)
+                is_open[b] = True
+
     def _take(self, kind: int, per_block: int, n: int) -> list[int]:
         """Up to ``n`` free entries of ``kind``, marked live: from the most recently opened
         block of that kind first, then from fresh blocks (lowest entry first)."""

@@ -10,6 +10,12 @@ whole slab cost up to half the hit rate at small budgets). Pinned-slab entries a
 once per allocation (or per :meth:`Evictor.slot_batch`), not rescanned per victim;
 when the victim is a snapshot, the slot allocation takes its slot over.
 
+Freeing one state slot takes about a dozen KV units (a snapshot spans that many pages),
+mostly successive tails of one run. Where the chooser would take exactly such a stretch one
+unit after another, the stretch goes as one range (``_drop_tail_range``): the queue works
+out how far the same single choices reach, and the index removes the units at once, with
+the same pages freed in the same order and the same ``removed`` events.
+
 A slab is unpinned when all its pages are registered (no request's private page: the
 index's per-block registered count equals the arena's used count) and none lies in a held
 run prefix. The pinned blocks are worked out from the held runs' block segments only when a
@@ -107,6 +113,12 @@ class Evictor:
         # A slot needs an empty block: with several pages per block, only KV in slabs
         # that no request pins can help (see alloc_slot).
         self._slot_pred = self.in_unpinned_slab if arena.layout.pages_per_block > 1 else None
+        #: Slot allocations evict a run's tail as one range where the victims are exactly
+        #: that (see _drop_tail_range): the default chooser over a queue that ranks run
+        #: tails. False evicts unit by unit (the same victims: tests compare the two).
+        self.tail_ranges = type(self.chooser) is LowestFirst and hasattr(self.kv_q, "tail_range")
+        #: KV units evicted in ranges of more than one unit (how often the range path runs).
+        self.range_units = 0
 
     def in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
@@ -166,6 +178,44 @@ class Evictor:
         self._evict_kv(node)
         return -1
 
+    def _drop_tail_range(self, node: UnitHandle, pred: PagesPred | None) -> bool:
+        """Evict the KV victim ``node`` and the units before it that the chooser would take
+        next, one after another, as one range (False: not done, ``node`` is not its run's
+        queued tail or the policy ranks otherwise; nothing changed).
+
+        Freeing a state slot takes a dozen KV units in a row, mostly one run's tail: the
+        queue works out how far the same choices would go (:meth:`RunValueQueue.tail_range
+        <hybridcache.policies.value.RunValueQueue.tail_range>`), stopping after the unit
+        whose pages empty a block (the slot the loop waits for), and the index removes them
+        at once. Only for the default chooser and a queue that ranks run tails."""
+        if not self.tail_ranges or self._index.sliding:
+            return False
+        run = node.run
+        if run is None or node.depth - run.first != len(run.digests) - 1:
+            return False
+        used, ppb = self.arena.used_per_block, self._ppb
+        left: dict[int, int] = {}
+
+        def empties_block(pages: tuple[int, ...]) -> bool:
+            for p in pages:
+                b = p // ppb
+                n = left.get(b, used[b]) - 1
+                left[b] = n
+                if not n:
+                    return True
+            return False
+
+        top = self.snap_q.peek()
+        k = self.kv_q.tail_range(run, pred, None if top is None else top[0], empties_block)
+        if not k:
+            return False
+        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
+            self._evict_kv(node)
+            return True
+        self._index.evict_tail_range(run, k)
+        self.range_units += k
+        return True
+
     def alloc_page(self) -> int | None:
         """A page, evicting as needed; ``None`` when nothing more can be evicted."""
         got = self.alloc_pages(1)
@@ -175,10 +225,60 @@ class Evictor:
         """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
         out = self.arena.alloc_pages(n)
         while len(out) < n:
-            if not self.evict_one():
-                break
+            choice = self.chooser.choose(None, [])  # evict_one, with a tail range
+            if choice is None:
+                if not self._evict_sliding():
+                    break
+            else:
+                got = self._take_tail_pages(choice[1], n - len(out)) if choice[0] == "kv" else None
+                if got:
+                    out += got
+                    continue
+                self._drop(*choice, keep_slot=False)
             out += self.arena.alloc_pages(n - len(out))
         return out
+
+    def _take_tail_pages(self, node: UnitHandle, want: int) -> list[int] | None:
+        """Up to ``want`` pages taken over from the KV victim ``node`` and the units before
+        it that single evictions would take next (``None``: not done, nothing changed).
+
+        Once the arena has no free page, each single victim whose page leaves its slab
+        non-empty gives that page straight back to the allocation (free, then take: the
+        arena ends as it was), so a stretch of such victims hands its pages over without
+        the arena: one page per unit, in eviction order. A victim whose page would empty
+        its slab frees a whole block, which the allocation then takes from its start: that
+        one goes the single way. One attention group only (several groups' pages come back
+        in the arena's order, not the victims')."""
+        if not self.tail_ranges or self._index.sliding:
+            return None
+        run = node.run
+        if run is None or len(run.pages) != 1 or node.depth - run.first != len(run.digests) - 1:
+            return None
+        used, ppb = self.arena.used_per_block, self._ppb
+        if used[run.pages[0][-1] // ppb] < 2:
+            return None
+
+        def keeps_slab(pages: tuple[int, ...]) -> bool:
+            # A guard: the arena has no free page here (the last take came up short), so
+            # every KV slab is full and a handed-over page leaves its count as it was;
+            # with several pages per block this always holds (one-page blocks stop above).
+            return used[pages[0] // ppb] > 1
+
+        taken = [0]
+
+        def enough(pages: tuple[int, ...]) -> bool:
+            taken[0] += 1
+            return taken[0] >= want
+
+        top = self.snap_q.peek()
+        k = self.kv_q.tail_range(run, keeps_slab, None if top is None else top[0], enough, offers=False)
+        if not k:
+            return None
+        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
+            self._evict_kv(node)
+            return self.arena.alloc_pages(want)  # its page (the single way's next take)
+        self.range_units += k
+        return self._index.evict_tail_range(run, k, keep_pages=True)
 
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted
@@ -204,9 +304,10 @@ class Evictor:
                             s = arena.alloc_slot()
                         continue
                     return None
-                got = self._drop(*choice, keep_slot=True)
-                if got >= 0:
-                    return got  # the evicted snapshot's slot, taken over
+                if choice[0] != "kv" or not self._drop_tail_range(choice[1], pred):
+                    got = self._drop(*choice, keep_slot=True)
+                    if got >= 0:
+                        return got  # the evicted snapshot's slot, taken over
                 if arena.may_have_slot():
                     s = arena.alloc_slot()
             return s

@@ -37,6 +37,7 @@ from hybridcache.runs import (
     Hold,
     Run,
     pop_tail,
+    pop_tail_range,
     shift_blocks,
     split,
     truncate_holds,
@@ -209,11 +210,12 @@ class PrefixIndex:
 
         check_index(self)
 
-    def _stranded_tail(self, run: Run) -> bool:
+    def _stranded_tail(self, run: Run, pos: int = -1) -> bool:
         """KV and state valued as one: a run's tail without a snapshot, and with no run
         branching off it, is KV past the last snapshot on every path through it, which no
-        hit can use until a state exists there."""
-        d = run.digests[-1]
+        hit can use until a state exists there. ``pos``: the unit that would be the tail
+        once the units past it are evicted (a range eviction ranks it before it is)."""
+        d = run.digests[pos]
         node = self.handles.get(d)
         return (node is None or node.snap < 0) and d not in self.branches
 
@@ -469,14 +471,7 @@ class PrefixIndex:
             for cache in self.sliding:
                 cache.drop_unit(node.digest)
         if pos == 0:
-            del self.heads[node.digest]
-            parent = self._branch_of.pop(node.digest, None)
-            if parent is not None:
-                left = self.branches[parent] - 1
-                if left:
-                    self.branches[parent] = left
-                else:
-                    del self.branches[parent]
+            self._forget_head(node.digest)
         tail = None
         if pos == len(run.digests) - 1:
             pop_tail(run)
@@ -500,6 +495,80 @@ class PrefixIndex:
             del self.handles[node.digest]
         else:
             self.bare[node.digest] = node
+
+    def evict_tail_range(self, run: Run, k: int, keep_pages: bool = False) -> list[int]:
+        """Drop the KV of ``run``'s last ``k`` units (unpinned): what :meth:`evict_kv` of
+        each successive tail does, tail first (the same pages freed in the same order, the
+        same ``removed`` events and counts), in one pass: one arena call, one fold of the
+        run's ends, one queue update. The evictor's choice of the range
+        (:meth:`RunValueQueue.tail_range <hybridcache.policies.value.RunValueQueue.tail_range>`)
+        already did the queue's per-victim work; sliding-window caches need the per-unit
+        path (their pages go with each unit).
+
+        Returns the units' pages, tail first. ``keep_pages``: they stay allocated, handed
+        to the caller (a page allocation that would take each freed page straight back).
+        """
+        n = len(run.digests)
+        lo = n - k
+        assert 0 < k <= n and lo >= run.held and not self.sliding
+        self.version += k
+        self.kv_units -= k
+        reg, ppb, digests, pages = self._registered, self._ppb, run.digests, run.pages
+        freed: list[int] = []
+        for pos in range(n - 1, lo - 1, -1):
+            for pl in pages:
+                p = pl[pos]
+                reg[p // ppb] -= 1
+                freed.append(p)
+        if not keep_pages:
+            self.arena.free_pages(freed)
+        nbytes = self.node_kv_bytes
+        self.evictions["kv"] += k
+        self.evicted_bytes["kv"] += k * nbytes
+        left = self.tenant_bytes.pop(run.tenant, 0) - k * nbytes
+        if left:
+            self.tenant_bytes[run.tenant] = left
+        if self.events is not None:
+            self._removed_range_events(run, lo)
+        if lo == 0:
+            self._forget_head(digests[0])
+        handles, bare = self.handles, self.bare
+        if handles:
+            for pos in range(n - 1, lo - 1, -1):  # tail first, as single evictions go
+                d = digests[pos]
+                node = handles.get(d)
+                if node is not None:
+                    node.run = None
+                    if node.snap < 0:
+                        del handles[d]
+                    else:
+                        bare[d] = node
+        pop_tail_range(run, k)
+        self.kv_q.run_changed(run)
+        return freed
+
+    def _removed_range_events(self, run: Run, lo: int) -> None:
+        """The ``removed`` events of units ``[lo, len)`` of ``run``, tail first, as
+        :meth:`_account` writes them (hits: those of the holds past each unit)."""
+        append, hits, n = self.events.append, run.hits, len(run.digests)  # type: ignore[union-attr]
+        hsum = 0
+        for pos in range(n - 1, lo - 1, -1):
+            hsum += hits.get(pos + 1, 0)
+            append(CacheEvent(
+                REMOVED, "kv", DEVICE, (run.digests[pos],), run.first + pos, self._kv_groups,
+                run.tenant, (run.unit_pages(pos),), run.flops, hsum,
+            ))
+
+    def _forget_head(self, digest: Digest) -> None:
+        """A run's first unit lost its KV: the run has no head, nor a branch it counts."""
+        del self.heads[digest]
+        parent = self._branch_of.pop(digest, None)
+        if parent is not None:
+            left = self.branches[parent] - 1
+            if left:
+                self.branches[parent] = left
+            else:
+                del self.branches[parent]
 
     def evict_snapshot(self, node: UnitHandle, keep_slot: bool = False) -> int:
         """Drop ``node``'s snapshot (it must be unpinned).

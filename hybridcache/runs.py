@@ -224,6 +224,27 @@ def pop_tail(run: Run) -> bytes:
     return digest
 
 
+def pop_tail_range(run: Run, k: int) -> None:
+    """Remove the run's last ``k`` units: what ``k`` calls of :func:`pop_tail` do, with
+    each hit / release end past the new length folded into it once, not step by step
+    (hits add up, release marks keep their maximum, as the steps would leave them)."""
+    n = len(run.digests) - k
+    del run.digests[n:]
+    hits, rel = run.hits, run.rel
+    past = [e for e in hits if e > n]
+    if past:
+        hits[n] = hits.get(n, 0) + sum([hits.pop(e) for e in past])
+    past = [e for e in rel if e > n]
+    if past:
+        v = max([rel.pop(e) for e in past])
+        rel[n] = max(rel.get(n, v), v)
+    for pages, (starts, blocks) in zip(run.pages, run.segs):
+        del pages[n:]
+        while starts and starts[-1] >= n:
+            starts.pop()
+            blocks.pop()
+
+
 def split(run: Run, j: int, ppb: int) -> Run | None:
     """Remove the unit at ``j`` (unpinned: ``j >= run.held``); units past it move to a new
     run, returned (``None`` if there are none). Hold ends are all ``<= j`` and stay."""

@@ -159,11 +159,12 @@ class RunValueQueue:
     #: The index's handle maker, set by the index as on every queue: only the victims that
     #: :meth:`peek` and :meth:`first` return get a handle, not every queued unit.
     unit: UnitOf
-    #: Set by the index for models with state: whether a run's tail unit is KV past the
-    #: last snapshot on its path (it serves no hit until a state exists there). Such a
+    #: Set by the index for models with state: whether a run's tail unit (or, given a
+    #: position, the unit there once the units past it went) is KV past the last
+    #: snapshot on its path (it serves no hit until a state exists there). Such a
     #: tail is ranked at the clock, below every entry, so stranded KV goes first and a
     #: usable entry is never evicted while it stays.
-    stranded: Callable[[Run], bool] | None = None
+    stranded: Callable[..., bool] | None = None
     #: Frequency weighting (GreedyDual-Size-Frequency); False ranks by size and recency
     #: only (GreedyDual-Size): a knob the adaptive policy turns (hybridcache.adaptive).
     freq = True
@@ -352,6 +353,79 @@ class RunValueQueue:
                 self._clock.value = run.qprio
             run.qseq = 0
             self._live -= 1
+
+    def tail_range(
+        self, run: Run, pred: PagesPred | None, snap_top: float | None,
+        last: Callable[[tuple[int, ...]], bool], offers: bool = True,
+    ) -> int:
+        """How many units from ``run``'s tail a slot allocation evicts in a row, the tail
+        being its victim now; 0 if the tail is not this queue's top entry (then nothing
+        changes). Does what :meth:`evicted` does for each of them (the clock ages to each
+        one's priority; the run is left unqueued: the caller evicts the units, then
+        reports the run as changed).
+
+        The next tail is the next victim exactly when the chooser (lowest of both queues'
+        tops, :class:`~hybridcache.eviction.LowestFirst`) would take it: it is unpinned,
+        ranks below the heap's next live entry (cleaned as :meth:`_clean` would with that
+        tail queued), below or at the snapshot top ``snap_top``, below any candidate
+        :meth:`first` offered, and satisfies ``pred``. Its priority is the one
+        :meth:`touch` gives it after the units behind it went (their hit and release
+        ends fold into it). ``last(pages)``: evicting a unit with these pages gives the
+        allocation what it needs (a free block), so none is taken after it. ``offers``:
+        the chooser compares :meth:`first`'s candidates (a slot allocation's), else only
+        :meth:`peek` (a page allocation's).
+        """
+        heap = self._heap
+        if not heap or not run.qseq or heap[0][2] != run.qseq or heap[0][3] is not run:
+            return 0
+        clock, hits, rel, cands = self._clock, run.hits, run.rel, self._cands
+        run.qseq = 0
+        self._live -= 1
+        pos = len(run.digests) - 1
+        hsum, rmax = hits.get(pos + 1, 0), rel.get(pos + 1)
+        prio, count = run.qprio, 0
+        while True:  # the unit at pos is a victim
+            if prio > clock.value:
+                clock.value = prio
+            run.qprio = prio
+            count += 1
+            if pos == run.held or last(run.unit_pages(pos)):
+                return count
+            pos -= 1
+            hsum += hits.get(pos + 1, 0)
+            r = rel.get(pos + 1)
+            if r is not None and (rmax is None or r > rmax):
+                rmax = r
+            if self.stranded is not None and self.stranded(run, pos):  # type: ignore[call-arg]
+                prio, order = clock.value, 0
+            else:
+                base, order = rmax if rmax is not None else (clock.value, 0)
+                if self.uniform:
+                    prio = base + 1.0
+                else:
+                    prio = greedy_dual_priority(base, hsum if self.freq else 1, run.flops, self._per)
+            while heap:  # stale entries, and pinned ones that rank below this tail, go
+                top = heap[0]
+                other = top[3]
+                if other.qseq != top[2]:
+                    heapq.heappop(heap)
+                elif other.held >= len(other.digests) and (top[0], top[1]) <= (prio, order):
+                    heapq.heappop(heap)
+                    other.qseq = 0
+                    self._live -= 1
+                else:
+                    break
+            if heap and (heap[0][0], heap[0][1]) <= (prio, order):
+                return count  # an older entry of equal rank goes first too
+            if snap_top is not None and prio > snap_top:
+                return count
+            if offers:
+                while cands and not self._valid_cand(cands[0]):
+                    heapq.heappop(cands)
+                if cands and (cands[0][0], cands[0][1]) <= (prio, order):
+                    return count
+            if pred is not None and not pred(run.unit_pages(pos)):
+                return count
 
     def discard(self, node: UnitHandle) -> None:
         """No per-unit entry to drop: the index reports the run as changed after evicting."""
