@@ -107,6 +107,11 @@ class PairedDifference:
         mean is not positive; infinite for a positive mean with no spread)."""
         return max(0.0, self.t(min_n))
 
+    def same(self, min_n: float) -> bool:
+        """Whether the two sides saved exactly as much on every request (over at least
+        ``min_n`` effective samples): the same behaviour on this workload, not a rival."""
+        return bool(self.w) and self.w * self.w / self.w2 >= min_n and not self.s2
+
     def t(self, min_n: float) -> float:
         """Signed mean over its standard error: negative where the other side leads (0
         below ``min_n`` effective samples or for a zero mean; infinite with no spread)."""
