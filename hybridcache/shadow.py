@@ -105,22 +105,12 @@ class PairedDifference:
     def z(self, min_n: float) -> float:
         """Mean over its standard error (0 below ``min_n`` effective samples or when the
         mean is not positive; infinite for a positive mean with no spread)."""
-        return max(0.0, self.t(min_n))
-
-    def same(self, min_n: float) -> bool:
-        """Whether the two sides saved exactly as much on every request (over at least
-        ``min_n`` effective samples): the same behaviour on this workload, not a rival."""
-        return bool(self.w) and self.w * self.w / self.w2 >= min_n and not self.s2
-
-    def t(self, min_n: float) -> float:
-        """Signed mean over its standard error: negative where the other side leads (0
-        below ``min_n`` effective samples or for a zero mean; infinite with no spread)."""
-        if not self.w or self.w * self.w / self.w2 < min_n or not self.s1:
+        if not self.w or self.w * self.w / self.w2 < min_n or self.s1 <= 0:
             return 0.0
         mean = self.s1 / self.w
         var = max(0.0, self.s2 / self.w - mean * mean)
         if var <= mean * mean * 1e-12:
-            return math.copysign(math.inf, mean)
+            return math.inf
         return mean / math.sqrt(var * self.w2 / (self.w * self.w))
 
 

@@ -228,6 +228,9 @@ def _branching_requests(m: HybridCacheManager, n: int, doc_tokens: int, seed: in
         m.free(rid)
 
 
+@pytest.mark.xfail(strict=True, reason="comparisons start only once every shadow is under pressure; "
+                   "comparing without it passed this test but did not help on the unseen-seed sweeps "
+                   "(docs/adaptive.md, docs/results.md 'Adaptive policy')")
 def test_follows_dense_checkpoints_without_memory_pressure(kimi):
     """With memory to spare (no shadow ever evicts) candidates still differ: requests that
     branch at random depths of a shared document hit more with a checkpoint every 1/16x
