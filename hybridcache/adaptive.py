@@ -47,7 +47,7 @@ from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
 from hybridcache.config import CacheConfig
-from hybridcache.errors import UnknownNameError
+from hybridcache.errors import ConfigError, UnknownNameError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import WEIGHTINGS
 from hybridcache.shadow import ChainKeys, PairedDifference, ShadowCache, sample_key
@@ -166,7 +166,16 @@ class AdaptiveManager(HybridCacheManager):
     first one included; ``current`` names the candidate in force.
     """
 
-    def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None):
+    def __new__(cls, *args: object, **kwargs: object) -> AdaptiveManager:
+        # HybridCacheManager.__new__ picks the class from the config and takes no ``rate``.
+        return object.__new__(cls)
+
+    def __init__(self, spec: ModelSpec, capacity_bytes: int, config: CacheConfig | None = None,
+                 *, rate: float | None = None):
+        """``rate``: the shadows' sampling rate in (0, 1]; ``None`` (the default, what
+        ``CacheConfig(admission="adaptive")`` gives) sets it from the overhead budget."""
+        if rate is not None and not 0.0 < rate <= 1.0:
+            raise ConfigError(f"rate must be in (0, 1], got {rate!r}")
         cfg = config or CacheConfig(admission=ADAPTIVE)
         self.candidates = candidate_settings(spec, cfg.hash_unit)
         first = self.candidates[0]
@@ -194,6 +203,8 @@ class AdaptiveManager(HybridCacheManager):
         blocks = max(1, self.layout.num_blocks)
         k = len(self.candidates)
         self.rate = 1.0 if k < 2 else min(1.0, max(OVERHEAD_BUDGET / k, MIN_SHADOW_BLOCKS / blocks))
+        if rate is not None:
+            self.rate = float(rate)
         self.keys = ChainKeys()
         self._keys_seen: set[bytes] = set()  # chain keys of finished requests (counted up to a cap)
         self._keys_before = 0  # their count at the last check
@@ -305,7 +316,11 @@ class AdaptiveManager(HybridCacheManager):
         if not self._under_pressure:
             # Until every shadow is under pressure more snapshots always look better; a
             # switch to dense checkpoints then, measured: 0.009 lost on chat at 8 GiB once
-            # pressure came (the entries a setting made stay after it is left).
+            # pressure came (the entries a setting made stay after it is left). Comparing
+            # without pressure (with a clear paired lead adopted at once) was tried and
+            # measured on unseen seeds (docs/results.md, "Adaptive policy"): it did not
+            # help on either seed set (behind 25 -> 26 and 24 -> 26 of 100 cells), losing
+            # most where an early lead before the cache fills was adopted (agentic at 1 GiB).
             self._lead = (None, 0)
             self._reset_pairs()
             return

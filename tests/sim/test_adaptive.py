@@ -207,3 +207,48 @@ def test_a_shadow_hits_the_output_of_a_request_it_replayed(kimi):
     h.extend(list(range(5000, 5300)))  # the next turn's new message
     shadow.feed(h.digests, 3500, 3500, "t", 1.0)
     assert shadow.hit_tokens == 3200, shadow.hit_tokens
+
+
+def _branching_requests(m: HybridCacheManager, n: int, doc_tokens: int, seed: int) -> None:
+    """``n`` requests that share a prefix of one document up to a random cut, then a
+    question of their own: every cut is a fresh branch, so the deeper the nearest state
+    below it, the more a request hits (denser checkpoints win while memory lasts)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    doc = np.arange(1, doc_tokens + 1, dtype=np.uint32)
+    for i in range(n):
+        cut = int(rng.integers(doc_tokens // 20, doc_tokens))
+        own = np.arange(10**6 + 100 * i, 10**6 + 100 * i + 64, dtype=np.uint32)
+        prompt = np.concatenate([doc[:cut], own])
+        rid = f"r{i}"
+        m.add_request(rid, prompt)
+        m.allocate(rid, len(prompt) - m.match(rid).hit_tokens)
+        m.commit(rid, len(prompt))
+        m.free(rid)
+
+
+@pytest.mark.xfail(strict=True, reason="comparisons start only once every shadow is under pressure; "
+                   "comparing without it passed this test but did not help on the unseen-seed sweeps "
+                   "(docs/adaptive.md, docs/results.md 'Adaptive policy')")
+def test_follows_dense_checkpoints_without_memory_pressure(kimi):
+    """With memory to spare (no shadow ever evicts) candidates still differ: requests that
+    branch at random depths of a shared document hit more with a checkpoint every 1/16x
+    tokens-per-snapshot. The adaptive manager must compare without pressure and follow
+    the dense candidate; a comparison gated on pressure (every shadow evicting) never
+    starts here and stays on the first candidate (``sglang-extra`` ahead at 16 GiB)."""
+    m = AdaptiveManager(kimi, 16 << 30, ADAPTIVE, rate=1.0)
+    dense = next(c.name for c in m.candidates if c.weighting == "recency" and "interval:" in c.admission)
+    _branching_requests(m, 60, 20_000, seed=4)
+    assert not any(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"] for s in m.shadows)
+    assert not m.index.evictions["kv"] + m.index.evictions["state"]
+    assert m.current == dense, (m.switches, m.adaptive_stats()["shadows"])
+    assert len(m.switches) == 2, m.switches  # one switch, no flip-flop
+
+
+def test_rate_out_of_range_is_refused(kimi):
+    from hybridcache.errors import ConfigError
+
+    for bad in (0.0, 1.5, -1.0):
+        with pytest.raises(ConfigError):
+            AdaptiveManager(kimi, 4 << 30, ADAPTIVE, rate=bad)
