@@ -44,72 +44,12 @@ from hybridcache.runs import (
     uncached_stretch,
 )
 from hybridcache.sliding import SlidingWindowCache
+from hybridcache.unit_handle import Node, UnitHandle
 from hybridcache.unit_view import UnitView
 
 __all__ = ["Digest", "Hold", "Node", "PrefixIndex", "UnitHandle", "UnitView", "truncate_holds"]
 
 Digest = bytes
-
-
-class UnitHandle:
-    """A handle on one hash unit of one cached prefix, made on demand (module docstring).
-
-    It carries the unit's snapshot, if any (the state after the unit's last token), and
-    names the run that holds the unit's KV (``None``: no KV); the index keeps ``run``
-    current when runs split, shrink or gain units.
-    """
-
-    __slots__ = (
-        "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
-        "__weakref__",
-    )
-
-    def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
-        self.digest = digest
-        self.depth = depth  # unit index: the node covers tokens [depth*U, (depth+1)*U)
-        self.tenant = tenant
-        self.snap = -1
-        self.snap_ref = 0
-        self.snap_hits = 0
-        self.snap_flops = 0.0
-        self.run = run
-
-    @property
-    def pos(self) -> int:
-        """Position in :attr:`run` (the unit must have KV)."""
-        return self.depth - self.run.first  # type: ignore[union-attr]
-
-    @property
-    def pages(self) -> tuple[int, ...] | None:
-        """The unit's KV pages, one per attention group (``None``: no KV)."""
-        run = self.run
-        return None if run is None else run.unit_pages(self.depth - run.first)
-
-    @property
-    def kv_ref(self) -> int:
-        """Running requests whose block tables use this unit's pages."""
-        run = self.run
-        return 0 if run is None else run.ref(self.depth - run.first)
-
-    @property
-    def kv_flops(self) -> float:
-        """Prefill FLOPs this unit's KV saves (its run's value per unit)."""
-        run = self.run
-        return 0.0 if run is None else run.flops
-
-    @property
-    def kv_hits(self) -> int:
-        """Requests that reused this unit's KV (counted when their hit is served)."""
-        run = self.run
-        return 0 if run is None else run.hit_count(self.depth - run.first)
-
-    def __repr__(self) -> str:
-        return f"UnitHandle(depth={self.depth}, pages={self.pages}, snap={self.snap}, kv_ref={self.kv_ref})"
-
-
-#: The former name of :class:`UnitHandle` (there is no tree of nodes), kept for code written
-#: against it.
-Node = UnitHandle
 
 
 def _snap_evictable(node: UnitHandle) -> bool:  # type: ignore[misc]
