@@ -289,7 +289,8 @@ class ManagerMachine(RuleBasedStateMachine):
         assert self.m.arena.stats().used_bytes == 0
 
 
-ManagerMachine.TestCase.settings = settings(
+#: Both machines: deterministic (derandomize), long enough streams to evict and re-hit.
+STATEFUL_SETTINGS = settings(
     max_examples=150,
     stateful_step_count=40,
     deadline=None,
@@ -297,6 +298,7 @@ ManagerMachine.TestCase.settings = settings(
     derandomize=True,
     phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
 )
+ManagerMachine.TestCase.settings = STATEFUL_SETTINGS
 TestManagerStateful = ManagerMachine.TestCase
 
 
@@ -323,14 +325,7 @@ class SlidingWindowMachine(ManagerMachine):
         self._add(pieces, tenant)
 
 
-SlidingWindowMachine.TestCase.settings = settings(
-    max_examples=150,
-    stateful_step_count=40,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    derandomize=True,
-    phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
-)
+SlidingWindowMachine.TestCase.settings = STATEFUL_SETTINGS
 TestSlidingWindowStateful = SlidingWindowMachine.TestCase
 
 
