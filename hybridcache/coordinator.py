@@ -22,7 +22,7 @@ request's sliding pages in use are bounded by its window (plus the step being co
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from hybridcache.metrics import SlidingMetrics
@@ -150,6 +150,41 @@ class GroupCoordinator:
     @property
     def evictable_pages(self) -> int:
         return sum(c.evictable_pages for c in self.caches)
+
+    def window_tables(self, digests: Sequence[bytes], units: int) -> dict[str, list[int]] | None:
+        """The sliding groups' block tables a hit of ``units`` reads (``-1`` below each
+        window, as a request's tables), or ``None`` if a window cache lacks a unit of it."""
+        out: dict[str, list[int]] = {}
+        for c in self.caches:
+            lo = c.first_needed(units)
+            entries = [c.entries.get(digests[u]) for u in range(lo, units)]
+            if any(e is None for e in entries):
+                return None
+            for g, name in enumerate(c.names):
+                out[name] = [-1] * lo + [e.pages[g] for e in entries]  # type: ignore[union-attr]
+        return out
+
+    def hold_windows(self, digests: Sequence[bytes], ends: Iterable[int]) -> list[tuple[SlidingWindowCache, SlidingUnit]]:
+        """Hold the cached sliding entries of the windows before each of ``ends`` (units;
+        missing ones skipped), so that allocations cannot evict them: an import that loads
+        a gap below a device window relies on that window. Undo with :meth:`release_windows`."""
+        held: list[tuple[SlidingWindowCache, SlidingUnit]] = []
+        for c in self.caches:
+            units: set[int] = set()
+            for e in ends:
+                units.update(range(c.first_needed(e), min(e, len(digests))))
+            for u in sorted(units):
+                entry = c.entries.get(digests[u])
+                if entry is not None:
+                    c.hold(entry)
+                    held.append((c, entry))
+        return held
+
+    @staticmethod
+    def release_windows(held: Sequence[tuple[SlidingWindowCache, SlidingUnit]]) -> None:
+        """Release holds taken by :meth:`hold_windows` (the entries become evictable)."""
+        for c, entry in held:
+            c.release(entry)
 
     # ------------------------------------------------------------------ a request
     def begin(self, req: Request, units: int) -> None:

@@ -134,6 +134,10 @@ class DevicePrefix(NamedTuple):
     kv_units: int
     snapshot_units: int
     has_kv: list[bool]
+    #: The hit the manager would give now (units): ``kv_units`` (``snapshot_units`` with
+    #: state), lowered where a sliding-window group lacks the window before it
+    #: (:meth:`~hybridcache.coordinator.GroupCoordinator.longest_hit`).
+    hit_units: int = 0
 
 
 class SnapshotPin(NamedTuple):
@@ -443,7 +447,15 @@ class EnginePort:
             )
         tables = hold_tables(holds, len(m.groups)) if units else [[] for _ in m.groups]
         slot = self.snapshot_slot(request_id, units * m.unit) if units and m.has_state else -1
-        return CachedPrefix(units, dict(zip(m.groups, map(list, tables))), slot)
+        out = dict(zip(m.groups, map(list, tables)))
+        if m.coordinator is not None:  # sliding groups: the window before the hit's end
+            windows = m.coordinator.window_tables(digests, units)
+            if windows is None:
+                raise InvalidRequestError(
+                    f"request {request_id!r}: a sliding window before unit {units} is not cached"
+                )
+            out.update(windows)
+        return CachedPrefix(units, out, slot)
 
     def snapshot_slot(self, request_id: str, boundary: int) -> int:
         """Slot of the cached snapshot at ``boundary`` (tokens) on the request's chain,
@@ -472,7 +484,12 @@ class EnginePort:
         has_kv = [False] * max_units
         for run, end in index.chain_holds(chain, 0, max_units):
             has_kv[run.first : run.first + end] = [True] * end
-        return DevicePrefix(kv_units, snap_units, has_kv)
+        coordinator = self._m.coordinator
+        if coordinator is None:
+            hit = snap_units if self._m.has_state else kv_units
+        else:
+            hit = coordinator.longest_hit(chain, kv_units)[0]
+        return DevicePrefix(kv_units, snap_units, has_kv, hit)
 
     # ------------------------------------------------------------------ pins
     def pin_snapshot(self, request_id: str, boundary: int) -> SnapshotPin | None:

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.manager import HybridCacheManager
     from hybridcache.requests import Request
     from hybridcache.runs import Hold
+    from hybridcache.sliding import SlidingUnit, SlidingWindowCache
 
 
 class PrefixImport:
@@ -39,6 +40,7 @@ class PrefixImport:
         self._req = request
         self._held: list[Hold] = []
         self._pinned: list[UnitHandle] = []
+        self._windows: list[tuple[SlidingWindowCache, SlidingUnit]] = []
         self.pages: dict[int, tuple[int, ...]] = {}  # unit -> its loaded pages, per group
         self.slot = -1
 
@@ -57,12 +59,20 @@ class PrefixImport:
     def hold(self, target: int, snapshot_boundaries: Iterable[int] = ()) -> None:
         """Hold the device's KV of units ``[0, target)`` and pin its snapshots at the given
         boundaries (units), and the deepest device snapshot of the current hit, so that the
-        import's own allocations cannot evict them."""
+        import's own allocations cannot evict them. With sliding-window groups, the cached
+        sliding pages of the windows before ``target``, before each given boundary and
+        before the current hit are held too, until :meth:`close`: the hit after the load
+        needs them, and only the device has them."""
         index, digests = self._m.index, self._req.hasher.digests
         self._held = index.chain_holds(digests, 0, target)
         index.hold_runs(self._held)
         max_units = min((self._req.num_tokens - 1) // self._m.unit, len(digests))
-        _, _, hit_node = index.walk(digests, max_units)
+        kv_units, _, hit_node = index.walk(digests, max_units)
+        snapshot_boundaries = list(snapshot_boundaries)
+        coordinator = self._m.coordinator
+        if coordinator is not None:
+            ends = {target, *snapshot_boundaries, coordinator.longest_hit(digests, kv_units)[0]}
+            self._windows = coordinator.hold_windows(digests, [e for e in ends if e > 0])
         pins = [index.handles[digests[b - 1]] for b in snapshot_boundaries]
         if hit_node is not None:
             pins.append(hit_node)
@@ -142,3 +152,6 @@ class PrefixImport:
         for node in self._pinned:
             m.index.unpin_snapshot(node, m.tick)
         self._pinned = []
+        if self._windows:
+            m.coordinator.release_windows(self._windows)  # type: ignore[union-attr]
+            self._windows = []

@@ -126,7 +126,7 @@ def test_import_prefix_registers_loaded_units():
     prompt = list(range(40))
     port.add_request("a", prompt)
     dev = port.device_prefix(port.digests("a"), 9)
-    assert dev == (0, 0, [False] * 9)
+    assert dev == (0, 0, [False] * 9, 0)
     with port.import_prefix("a") as imp:
         imp.hold(6)
         for u in range(6):

@@ -173,3 +173,39 @@ def test_with_state_only_snapshot_ends_with_a_device_window_are_loaded():
     assert m.match("c").hit_tokens == 8 * U
     m.free("c")
     check_arena(m)
+
+
+def test_an_import_under_pressure_keeps_the_device_window_it_relies_on():
+    """Unit 3's full KV is on the host, the window of end 10 (units 8, 9) on the device
+    only, and the arena is full with nothing evictable but that window. The import may not
+    evict the window for the gap's page (the load would be wasted and the window lost for
+    good): nothing loads. Once memory frees, the load fills the gap and hits unit 10 with
+    every byte the oracle's."""
+    m, st, host, coord = engine(False)
+    serve_all(m, st, "a", PROMPT, coord)
+    d = digests_of(m, PROMPT)
+    evict_full_kv(m, d, 3)
+    cache = m.coordinator.caches[0]
+    for u in range(8):  # only the window of end 10 is left evictable
+        if d[u] in cache.entries:
+            cache.evict(cache.entries[d[u]])
+    pressure = []
+    while (p := m.arena.alloc_page()) is not None:
+        pressure.append(p)
+    m.add_request("b", PROMPT + [7] * 6)
+    assert coord.prefetch("b") is None
+    assert coord.metrics.loaded_kv == 0 and coord.metrics.load_discarded == 0
+    assert_windows_hold(m, st, d, 10)  # the import released its holds: evictable again
+    assert all(cache.entries[d[u]].ref == 0 for u in (8, 9))
+    for p in pressure:
+        m.arena.free_page(p)
+    m.free("b")
+    m.add_request("c", PROMPT + [7] * 6)
+    plan = coord.prefetch("c")
+    assert plan is not None and plan.kv_units == (3,) and plan.hit_tokens == 10 * U
+    assert m.match("c").hit_tokens == 10 * U
+    assert_device_holds(m, st, d, 10)
+    assert_windows_hold(m, st, d, 10)
+    m.free("c")
+    m.check_invariants()
+    check_arena(m)
