@@ -164,7 +164,10 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         return 0 if slot == NULL_SLOT else slot * self.slot_blocks + j
 
     def _blocks(self, ids: Sequence[int]) -> list[KVCacheBlock]:
-        return [self.blocks[i] for i in ids]
+        """vLLM's blocks for page ids; ``-1`` (a sliding-window page outside the window, which
+        the core does not keep) is vLLM's null block, as its ``SlidingWindowManager`` does."""
+        blocks, null = self.blocks, self.null_block
+        return [blocks[i] if i >= 0 else null for i in ids]
 
     def _kv_blocks(self, tables: Sequence[Sequence[int]]) -> KVCacheBlocks:
         if not any(tables):
