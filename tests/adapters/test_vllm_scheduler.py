@@ -242,3 +242,12 @@ def test_a_duplicate_snapshot_does_not_free_a_running_state(model_dir):
     h.drive(ours, sessions)
     assert ours.kv_cache_manager.stats_counters.live_saves_held >= 1
     assert_ours_clean(ours)
+
+
+def test_a_page_outside_a_window_is_vllms_null_block(model_dir):
+    """The port marks a sliding page outside the window ``-1``; vLLM must get its null block
+    there (Python's ``blocks[-1]`` would hand out the last block, someone else's page)."""
+    km = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=40).kv_cache_manager
+    got = km._blocks([1, -1, 2])
+    assert got[0] is km.blocks[1] and got[2] is km.blocks[2]
+    assert got[1] is km.null_block and km.null_block.is_null
