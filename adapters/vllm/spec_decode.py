@@ -41,9 +41,11 @@ only ever lands in a column past the accepted tokens.
   window (:func:`.cpu_kernels.spread_conv_windows`) and any accepted boundary is a tail
   there (``columns_whole``); elsewhere only the state after a step's first input
   (column ``cur``, offset 0) is;
-* a step's new state columns are counted and taken together with its allocation: when no
-  slot is left, ``allocate_slots`` returns ``None`` with nothing changed and vLLM
-  preempts.
+* a step's new state columns are counted together with its allocation before anything
+  is taken (:meth:`EnginePort.can_allocate`): when they do not all fit, ``allocate_slots``
+  returns ``None`` with no entry evicted and vLLM preempts. Sub-block tails hold engine
+  memory the count does not see: they are evicted one by one (recounting after each) only
+  when the step does not fit without them, so a step refused even then has dropped them.
 
 Written for every drafter vLLM 0.32 runs with Mamba-style layers in ``align`` mode:
 n-gram (run on CPU here), EAGLE / MTP / DSpark-style draft models on GPU (their
