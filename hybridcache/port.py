@@ -397,6 +397,80 @@ class EnginePort:
             self._engine_slots.add(slot)
         return slot
 
+    def can_allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0,
+                     extra_slots: int = 0) -> bool:
+        """Whether :meth:`allocate` (same arguments) and ``extra_slots`` more state slots
+        (:meth:`take_slots`) can all be served, evicting as they would. Changes nothing.
+
+        The count is :meth:`HybridCacheManager.allocate`'s own (hybridcache.room), with the
+        extra slots counted among its slots (taken before the pages, the hit held): an
+        engine that needs slots of its own beside a step (vLLM's speculative state
+        columns) asks once, before anything is taken, so a refused step evicts nothing.
+
+        Raises:
+            InvalidRequestError: bad counts or lengths, as :meth:`allocate` would.
+        """
+        m = self._m
+        num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
+        num_draft = validation.as_count(num_draft, "num_draft")
+        extra_slots = validation.as_count(extra_slots, "extra_slots")
+        req = m._get(request_id)
+        req.check_step(num_new_tokens, num_draft)
+        first = not req.allocated
+        hit = m._hit(req) if first else None
+        start = hit[1] * m.unit if hit is not None else req.num_allocated
+        end = start + num_new_tokens
+        if end > m.spec.max_model_len:
+            raise InvalidRequestError(
+                f"request {request_id!r}: {end} tokens exceed max_model_len {m.spec.max_model_len}"
+            )
+        held = hit[1] if hit is not None else req.units_allocated
+        page_units = max(-(-end // m.unit) - held, 0)
+        slots = ((first + num_draft) if m.has_state else 0) + extra_slots
+        if hit is None:
+            return m._fits(page_units, slots)
+        coord = m.coordinator
+        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord else ()
+        return m._fits(page_units, slots, hit[2], hit[3], slide_hold)
+
+    def take_slots(self, request_id: str, count: int) -> list[int] | None:
+        """``count`` state slots the engine owns until :meth:`release_slot`, evicting
+        cached entries no request holds, all or none (``None``: nothing changed).
+
+        Before ``request_id``'s first allocation its hit is held while the slots are
+        taken, so they never evict the pages or the snapshot that allocation will hold
+        (the slots of a :meth:`can_allocate` that said yes are then always there).
+        """
+        m = self._m
+        count = validation.as_count(count, "count")
+        req = m._get(request_id)
+        hit = m._hit(req) if not req.allocated else None
+        holds, restore = (hit[2], hit[3]) if hit is not None else ((), None)
+        if not fits(m.index, 0, count, holds, restore):
+            return None
+        index = m.index
+        index.hold_runs(holds)
+        if restore is not None:
+            index.pin_snapshot(restore)
+        taken: list[int] = []
+        try:
+            with index.slot_batch():
+                for _ in range(count):
+                    slot = index.alloc_slot()
+                    if slot is None:  # pragma: no cover - the count above rules it out
+                        break
+                    taken.append(slot)
+        finally:
+            if restore is not None:
+                index.unpin_snapshot(restore, m.tick)
+            index.release_runs(holds, m.tick)
+        if len(taken) < count:  # pragma: no cover
+            for slot in taken:
+                m.arena.free_slot(slot)
+            return None
+        self._engine_slots.update(taken)
+        return taken
+
     def release_slot(self, slot: int) -> None:
         """Give back a slot taken with :meth:`take_slot` or :meth:`take_save_slot`."""
         if slot not in self._engine_slots:

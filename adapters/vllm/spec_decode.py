@@ -41,9 +41,11 @@ only ever lands in a column past the accepted tokens.
   window (:func:`.cpu_kernels.spread_conv_windows`) and any accepted boundary is a tail
   there (``columns_whole``); elsewhere only the state after a step's first input
   (column ``cur``, offset 0) is;
-* a step's new state columns are counted and taken together with its allocation: when no
-  slot is left, ``allocate_slots`` returns ``None`` with nothing changed and vLLM
-  preempts.
+* a step's new state columns are counted together with its allocation before anything
+  is taken (:meth:`EnginePort.can_allocate`): when they do not all fit, ``allocate_slots``
+  returns ``None`` with no entry evicted and vLLM preempts. Sub-block tails hold engine
+  memory the count does not see: they are evicted one by one (recounting after each) only
+  when the step does not fit without them, so a step refused even then has dropped them.
 
 Written for every drafter vLLM 0.32 runs with Mamba-style layers in ``align`` mode:
 n-gram (run on CPU here), EAGLE / MTP / DSpark-style draft models on GPU (their
@@ -95,7 +97,6 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         self.columns_whole = columns_whole
         self._reserved: list[int] = []  # column slots taken for the allocation being made
         self._need = 0  # column slots that allocation adds
-        self._spec_request: Request | None = None  # the request of that allocation
         self._spec: dict[str, _SpecState] = {}
         self._draft = 0  # num_draft of the allocation being made (drafts + lookahead)
         self._lookahead = 0  # lookahead positions of that allocation
@@ -109,11 +110,11 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
                        num_lookahead_tokens: int = 0, **kwargs: Any) -> KVCacheBlocks | None:
         """As the base class; drafts and lookahead positions are core draft tokens.
 
-        The state columns the step needs are counted first and taken with the allocation
-        (:meth:`_allocate`): when the index has no slot left for them (even after
-        evicting), nothing is allocated, the slots taken are given back and ``None`` is
-        returned, so vLLM preempts a request (as with its own manager) instead of the
-        engine dying halfway through an allocation.
+        The state columns the step needs are counted together with the allocation before
+        anything is taken (:meth:`_allocate`): when they do not all fit (even after
+        evicting), nothing is evicted or allocated and ``None`` is returned, so vLLM
+        preempts a request (as with its own manager) instead of the engine dying halfway
+        through an allocation.
         """
         rid = request.request_id
         st = self._spec.setdefault(rid, _SpecState())
@@ -122,7 +123,6 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         c = request.num_computed_tokens + num_new_computed_tokens
         d = max(0, c + num_new_tokens - request.num_tokens) if num_new_tokens else 0
         self._need = self._columns_needed(rid, num_new_computed_tokens, c + num_new_tokens)
-        self._spec_request = request
         self._lookahead = num_lookahead_tokens if num_new_tokens else 0
         self._draft = d + self._lookahead if num_new_tokens else 0
         try:
@@ -132,8 +132,7 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             )
         finally:
             self._draft = self._lookahead = self._need = 0
-            self._spec_request = None
-            while self._reserved:  # a refused allocation (or none needed after all)
+            while self._reserved:  # a miscounted allocation (or none needed after all)
                 self._give_back_slot(self._reserved.pop())
         if out is not None and num_new_tokens:
             st.step = (c, num_new_tokens, d)
@@ -161,60 +160,36 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
             return fine.hit_tokens % self.block_size
         return 0
 
-    def _reserve_columns(self, n: int) -> bool:
-        """Take ``n`` column slots into :attr:`_reserved`, or none at all (``False``)."""
-        while len(self._reserved) < n:
-            slot = self._column_slot()
-            if slot is None:
-                while self._reserved:
-                    self._give_back_slot(self._reserved.pop())
-                return False
-            self._reserved.append(slot)
-        return True
-
     def _allocate(self, rid: str, num_tokens: int) -> Allocation | None:
         """As the base class (sub-block tails yield first), with the step's draft slots
-        and its new state columns, all or nothing (``None``: nothing changed).
+        and its new state columns: counted first, then taken (``None``: nothing taken).
 
-        A running request's columns are taken first (nothing it holds can be evicted for
-        them). A first allocation's are taken after the manager's allocation, which pins
-        the hit (taking them first could evict the very snapshot the hit needs), and the
-        allocation is undone if they cannot be had.
+        :meth:`EnginePort.can_allocate` counts the core allocation and the columns
+        together, as the core counts its own slots and pages, before anything is evicted;
+        a refused step evicts no cached entry. The columns are then taken first (slots
+        before pages, the order counted); before a first allocation the port holds the
+        hit meanwhile, so they never evict the snapshot or pages that hit needs.
         """
-        first = rid not in self._tracked
-        if not first and not self._reserve_columns(self._need):
-            self.stats_counters.allocation_failures += 1
-            return None
-        alloc = self._allocate_in_core(rid, num_tokens)
-        if alloc is not None and first and not self._reserve_columns(self._need):
-            self._undo_first_allocation(self._spec_request)
-            self.stats_counters.allocation_failures += 1
-            return None
-        return alloc
-
-    def _allocate_in_core(self, rid: str, num_tokens: int) -> Allocation | None:
-        """The core's allocation with the step's draft slots; the room asked of the tails
-        includes the state columns this step may add."""
         from hybridcache.errors import OutOfSpaceError
 
-        if self.tails is not None:
-            self.tails.make_room(self._arena_blocks_needed(num_tokens) + 1 + self.num_spec)
-        while True:
-            try:
-                return self.port.allocate(rid, num_tokens, num_draft=self._draft)
-            except OutOfSpaceError:
-                if self.tails is not None and self.tails.evict_one():
-                    continue
+        port, need = self.port, self._need
+        while not port.can_allocate(rid, num_tokens, num_draft=self._draft, extra_slots=need):
+            # Sub-block tails hold engine memory the count does not see: they yield.
+            if self.tails is None or not self.tails.evict_one():
                 self.stats_counters.allocation_failures += 1
                 return None
-
-    def _undo_first_allocation(self, request: Request) -> None:
-        """Undo a refused first allocation: the request is registered afresh, as it was
-        before."""
-        self.port.free(request.request_id, finished=False)
-        if self.tails is not None:
-            self.tails.forget(request.request_id)
-        self._add(request)
+        if self.tails is not None:  # more room than counted: the step still fits
+            self.tails.make_room(self._arena_blocks_needed(num_tokens) + 1 + self.num_spec)
+        columns = port.take_slots(rid, need) if need else []
+        try:
+            if columns is None:
+                raise OutOfSpaceError("no slot for a state column")
+            self._reserved.extend(columns)
+            return port.allocate(rid, num_tokens, num_draft=self._draft)
+        except OutOfSpaceError:  # pragma: no cover - the count above rules it out
+            logger.warning("hybridcache: request %s: a counted allocation did not fit", rid)
+            self.stats_counters.allocation_failures += 1
+            return None  # allocate_slots gives the columns back
 
     def _column_slot(self) -> int | None:
         """A slot for a state column: from the port (evicting entries), else a tail's;

@@ -484,44 +484,85 @@ def test_scheduler_keeps_sub_block_tails_under_spec_decode(model_dir, caplog):
     assert km.stats()["tail_hits"] > 0
 
 
-def _request_state(km: Any, rid: str) -> tuple:
-    """What an allocation of ``rid`` may change: its core request, tables, columns."""
-    mreq = km.manager.requests.get(rid)
-    tr = km._tracked.get(rid)
-    st = km._spec.get(rid)
-    return (None if mreq is None else (mreq.num_allocated, [len(t) for t in mreq.pages],
-                                       len(mreq.draft_slots), dict(mreq.saves)),
-            None if tr is None else (list(tr.cols), [list(t) for t in tr.tables]),
-            None if st is None else (dict(st.owned), st.step))
+def _state(km: Any) -> tuple:
+    """Everything a refused ``allocate_slots`` must leave as it was: the core manager's
+    fingerprint (entries, recency, tiers' counters, every request's fields), the port's
+    engine-owned pages and slots, the adapter's per-request tables and columns, and the
+    sub-block tails (which ones, in what recency order, how many evicted)."""
+    from tests.core.fingerprint import fingerprint
+
+    port, tails = km.port, km.tails
+    tracked = tuple(sorted((rid, tuple(tr.cols), tuple(tuple(t) for t in tr.tables))
+                           for rid, tr in km._tracked.items()))
+    spec = tuple(sorted((rid, tuple(sorted(st.owned.items())), st.step, tuple(st.saves))
+                        for rid, st in km._spec.items()))
+    tail_state = None if tails is None else (
+        tuple(id(t) for t in tails.lru), tails.evicted, tuple(sorted(tails.by_key)))
+    return (fingerprint(km.manager), tuple(sorted(port._engine_pages)),
+            tuple(sorted(port._engine_slots)), tracked, spec, tail_state)
+
+
+def _checked(base: type, refused: list) -> type:
+    """``base`` whose refused ``allocate_slots`` calls are recorded and must change
+    nothing of :func:`_state`."""
+
+    class Checked(base):  # type: ignore[misc, valid-type]
+        def allocate_slots(self, request, *args, **kwargs):
+            before = _state(self)
+            out = super().allocate_slots(request, *args, **kwargs)
+            if out is None:
+                refused.append(request.request_id)
+                assert _state(self) == before, f"{request.request_id}: a refused allocation changed state"
+            return out
+
+    return Checked
 
 
 def test_no_slot_for_a_speculative_column_preempts(model_dir):
     """With too few blocks for every request's speculative columns, ``allocate_slots``
     returns ``None`` (vLLM preempts or keeps the request waiting) instead of raising, and
-    a refused call changes nothing of the request and leaks no slot; the run finishes
-    with the outputs of a run with room to spare and nothing leaks."""
+    a refused call changes nothing at all (:func:`_state`: no entry evicted, no recency
+    refreshed, no slot kept, no tail dropped); the run finishes with the outputs of a run
+    with room to spare and nothing leaks."""
     from hybridcache.adapters.vllm import HybridCacheScheduler
     from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
 
-    refused = []
-
-    class Checked(SpecDecodeKVCacheManager):
-        def allocate_slots(self, request, *args, **kwargs):
-            rid = request.request_id
-            before = _request_state(self, rid), self.manager.arena.slots_in_use
-            out = super().allocate_slots(request, *args, **kwargs)
-            if out is None:
-                refused.append(rid)
-                after = _request_state(self, rid), self.manager.arena.slots_in_use
-                assert after[0] == before[0], f"{rid}: a refused allocation changed it"
-                assert after[1] <= before[1], f"{rid}: a refused allocation kept slots"
-            return out
-
+    refused: list = []
     sessions = _sessions(3)
     base = h.drive(h.make_scheduler(model_dir, HybridCacheScheduler, 400), sessions)
-    sched = make_spec_scheduler(model_dir, 40, manager_cls=Checked, tails_unit=16)
+    sched = make_spec_scheduler(model_dir, 40, manager_cls=_checked(SpecDecodeKVCacheManager, refused),
+                                tails_unit=16)
     res, _ = drive_spec(sched, sessions, 3, p_right=0.8)
     assert refused and res.preemptions > 0
     assert res.outputs == base.outputs
     assert sched.kv_cache_manager.num_owned_column_slots == 0
     h.assert_ours_clean(sched)
+
+
+class _TakesColumnsBeforeCounting:
+    """Mutation: the step's state columns are taken (evicting) before the allocation is
+    counted, as the adapter did for running requests before it counted them together
+    (a first allocation's columns so taken could evict the very hit it adopted, which
+    fails otherwise)."""
+
+    def _allocate(self, rid, num_tokens):
+        if rid not in self._tracked:
+            return super()._allocate(rid, num_tokens)
+        need, self._need = self._need, 0
+        while len(self._reserved) < need:
+            slot = self._column_slot()
+            if slot is None:
+                break
+            self._reserved.append(slot)
+        return super()._allocate(rid, num_tokens)
+
+
+def test_mutation_taking_columns_before_counting_fails(model_dir):
+    from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
+
+    class Mutant(_TakesColumnsBeforeCounting, SpecDecodeKVCacheManager):
+        pass
+
+    sched = make_spec_scheduler(model_dir, 40, manager_cls=_checked(Mutant, []), tails_unit=16)
+    with pytest.raises(AssertionError, match="a refused allocation changed state"):
+        drive_spec(sched, _sessions(3), 3, p_right=0.8)

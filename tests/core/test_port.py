@@ -256,3 +256,87 @@ def test_move_save_to_registers_the_engines_slot():
     port.check_invariants()
     port.free("a")
     port.check_invariants()
+
+
+def _cached_port(blocks: int) -> tuple[EnginePort, HybridCacheManager]:
+    """A port whose arena of ``blocks`` blocks holds three served prompts' KV and
+    snapshots (:data:`HIT_PROMPT` hits the first, the least recent)."""
+    spec = tiny_spec()
+    config = CacheConfig(hash_unit=U, admission="last-token")
+    cap = blocks * HybridCacheManager(spec, 1 << 30, config).layout.block_bytes
+    m = HybridCacheManager(spec, cap, config)
+    port = EnginePort(m)
+    for k in range(3):
+        _serve(port, f"r{k}", list(range(100 * k, 100 * k + 13)), [1, 2, 3])
+    return port, m
+
+
+HIT_PROMPT = list(range(13)) + [1, 2, 3, 7]  # the first (least recent) prompt and output, then more
+
+
+@pytest.mark.parametrize("blocks", range(4, 12))
+def test_can_allocate_counts_extra_slots_then_take_slots_and_allocate_succeed(blocks):
+    """``can_allocate(extra_slots=k)`` says yes exactly when ``take_slots(k)`` then
+    ``allocate`` both succeed; a no changes nothing (the core's fingerprint)."""
+    from hybridcache.errors import OutOfSpaceError
+    from tests.core.fingerprint import fingerprint
+
+    for k in range(5):
+        for num_new in (1, 9, 30):
+            port, m = _cached_port(blocks)
+            port.add_request("n", HIT_PROMPT)
+            before = fingerprint(m)
+            ok = port.can_allocate("n", num_new, extra_slots=k)
+            assert fingerprint(m) == before  # counting changes nothing
+            if not ok:
+                continue
+            slots = port.take_slots("n", k)
+            assert slots is not None and len(set(slots)) == k
+            port.allocate("n", num_new)  # never OutOfSpaceError after a yes
+            port.check_invariants()
+        # A no from the count with k = 0 is the core's own refusal.
+        port, m = _cached_port(blocks)
+        port.add_request("n", list(range(13)))
+        if not port.can_allocate("n", 40):
+            before = fingerprint(m)
+            with pytest.raises(OutOfSpaceError):
+                port.allocate("n", 40)
+            assert fingerprint(m) == before
+
+
+@pytest.mark.parametrize("blocks", range(6, 12))
+def test_take_slots_before_a_first_allocation_keep_its_hit(blocks):
+    """Slots taken for a request not yet allocated never evict the hit it will hold:
+    the same slots taken one by one with ``take_slot(evict=True)`` lose that hit."""
+    hits = {}
+    for how in ("take_slots", "take_slot"):
+        port, m = _cached_port(blocks)
+        res = port.add_request("n", HIT_PROMPT)
+        assert res.hit_tokens > 0
+        want = 0
+        while port.can_allocate("n", 4, extra_slots=want + 1):
+            want += 1
+        assert want > 0
+        if how == "take_slots":
+            assert port.take_slots("n", want) is not None
+        else:
+            for _ in range(want):
+                assert port.take_slot(evict=True) is not None
+        try:
+            hits[how] = port.allocate("n", 4).hit_tokens
+        except Exception:  # noqa: BLE001 - the hit was evicted and the rest did not fit
+            hits[how] = -1
+    assert hits["take_slots"] == res.hit_tokens
+    assert hits["take_slot"] != res.hit_tokens
+
+
+def test_take_slots_refused_changes_nothing():
+    from tests.core.fingerprint import fingerprint
+
+    port, m = _cached_port(4)
+    port.add_request("n", list(range(13)))
+    before = fingerprint(m), port.usage()
+    assert port.take_slots("n", 100) is None
+    assert (fingerprint(m), port.usage()) == before
+    with pytest.raises(InvalidRequestError):
+        port.take_slots("missing", 1)
