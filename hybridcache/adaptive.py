@@ -218,7 +218,6 @@ class AdaptiveManager(HybridCacheManager):
     def _build_shadows(self) -> None:
         """Fresh shadows at the current rate (cold: they warm up on the next requests)."""
         self.shadows = []
-        self.pruned: list[str] = []
         self._families: set[bytes] = set()
         self._checked_finished = self.finished
         if len(self.candidates) < 2:
@@ -347,9 +346,8 @@ class AdaptiveManager(HybridCacheManager):
             self._reset_pairs()
             return
         cur = self._shadow(self.current)
-        margin = EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
-        self._prune(cur, margin)
         best = max(self.shadows, key=lambda s: s.score)
+        margin = EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
         if best is cur or best.score <= cur.score * (1.0 + margin):
             self._lead = (None, 0)
             return
@@ -363,24 +361,6 @@ class AdaptiveManager(HybridCacheManager):
             self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
             self.current = best.name
             self.switches.append((self.finished, best.name))
-
-    def _prune(self, cur: ShadowCache, margin: float) -> None:
-        """Stop replaying the candidates the comparison under pressure ranked clearly
-        below the current one: the switch rule's evidence, mirrored (the current one
-        leads by the margin on the window and by ``Z_SWITCH`` standard errors of the
-        paired difference). They cost a replay per sampled request and could only be
-        adopted by overtaking the current one, which they trail significantly. They come
-        back (cold) with the next set of shadows (a rate change); ``pruned`` names them."""
-        for s in self.shadows:
-            if s is cur or s.score * (1.0 + margin) >= cur.score or s.pair.z_below(MIN_PAIRS) < Z_SWITCH:
-                continue
-            for twin in self.shadows:
-                if twin.host is s:
-                    twin.fork()
-            self.pruned.append(s.name)
-        if self.pruned:
-            gone = set(self.pruned)
-            self.shadows = [s for s in self.shadows if s.name not in gone or s is cur]
 
     def _reset_pairs(self) -> None:
         for s in self.shadows:
@@ -413,7 +393,6 @@ class AdaptiveManager(HybridCacheManager):
             "running": self.running,
             "overhead_units": self.shadow_units / self.live_units if self.live_units else 0.0,
             "switches": list(self.switches),
-            "pruned": list(self.pruned),
             "sampled": self.sampled,
             "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
                                  "min_seen": s.config.min_seen, "score": s.score,

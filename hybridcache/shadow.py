@@ -103,17 +103,6 @@ class PairedDifference:
         self.s1 = self.s1 * decay + d
         self.s2 = self.s2 * decay + d * d
 
-    def z_below(self, min_n: float) -> float:
-        """:meth:`z` of the negated difference: how many standard errors the mean lies
-        below zero (0 when it does not, or below ``min_n`` effective samples)."""
-        if not self.w or self.w * self.w / self.w2 < min_n or self.s1 >= 0:
-            return 0.0
-        mean = -self.s1 / self.w
-        var = max(0.0, self.s2 / self.w - mean * mean)
-        if var <= mean * mean * 1e-12:
-            return math.inf
-        return mean / math.sqrt(var * self.w2 / (self.w * self.w))
-
     def z(self, min_n: float) -> float:
         """Mean over its standard error (0 below ``min_n`` effective samples or when the
         mean is not positive; infinite for a positive mean with no spread)."""
