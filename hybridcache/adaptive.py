@@ -233,9 +233,24 @@ class AdaptiveManager(HybridCacheManager):
             shadow = ShadowCache(c.name, self.spec, cap, replace(base, admission=c.admission, min_seen=c.min_seen))
             set_weighting(shadow.mgr, c.weighting)
             shadow.weighting = c.weighting
+            self._pair_twin(shadow)
             self.shadows.append(shadow)
         kv = self.spec.kv_bytes_per_token or 1
         self._decay_per_token = kv / (WINDOW_FILLS * cap)
+
+    def _pair_twin(self, shadow: ShadowCache) -> None:
+        """Let ``shadow`` share the cache of an earlier shadow whose setting differs from
+        its own only in the interval rule (:meth:`ShadowCache.follow`): one replay instead
+        of two until a request is long enough to tell them apart."""
+        mine = shadow.admission
+        for host in self.shadows:
+            theirs = host.admission
+            if (host.host is None and host.weighting == shadow.weighting
+                    and replace(theirs, interval=0) == replace(mine, interval=0)):
+                fork_at = min((n for n in (mine.interval, theirs.interval) if n), default=0)
+                if fork_at:
+                    shadow.follow(host, fork_at)
+                return
 
     def free(self, request_id: str, *, finished: bool = True) -> None:
         req = self.requests.get(request_id)
@@ -286,7 +301,14 @@ class AdaptiveManager(HybridCacheManager):
         decay = math.exp(-prompt_len * self._decay_per_token)
         digests = list(digests)
         for s in self.shadows:
-            s.feed(digests, prompt_len, total, tenant, decay)
+            if s.host is not None and total >= s.fork_at:
+                s.fork()
+        for s in self.shadows:
+            if s.host is None:
+                s.feed(digests, prompt_len, total, tenant, decay)
+        for s in self.shadows:
+            if s.host is not None:
+                s.mirror(prompt_len, decay)
         if self._under_pressure:
             self._pressured += 1
         cur = self._shadow(self.current).last
@@ -311,8 +333,7 @@ class AdaptiveManager(HybridCacheManager):
         3 standard errors) it never switched on 300 chat requests at 1 GiB where the
         margin rule does; as a second condition it stops switches on a handful of hits.
         """
-        self._under_pressure = all(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"]
-                                   for s in self.shadows)
+        self._under_pressure = all(s.evictions for s in self.shadows)
         if not self._under_pressure:
             # Until every shadow is under pressure more snapshots always look better; a
             # switch to dense checkpoints then, measured: 0.009 lost on chat at 8 GiB once

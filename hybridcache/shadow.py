@@ -19,6 +19,7 @@ request's unit digests, so it needs no tokens and hashes nothing.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 
@@ -137,6 +138,44 @@ class ShadowCache:
         self.hit_tokens = 0
         self.prompt_tokens = 0
         self._next_id = 0
+        self._last_hit = 0
+        #: The shadow this one is a twin of (see :meth:`follow`), or None: fed itself.
+        self.host: ShadowCache | None = None
+        self.fork_at = 0
+
+    def follow(self, host: ShadowCache, fork_at: int) -> None:
+        """Share ``host``'s cache while no fed request computes ``fork_at`` tokens.
+
+        Two settings that differ only in their ``interval`` rule place the same snapshots
+        until a request reaches the smaller non-zero interval (interval points lie at
+        multiples of it, up to the computed end), so until then their caches are one and
+        the same and one replay serves both: exact, not an approximation. :meth:`fork`
+        copies the host's cache when a longer request comes."""
+        self.host, self.fork_at = host, fork_at
+
+    def fork(self) -> None:
+        """Take a copy of the host's cache, keeping this setting's own rules (from now on
+        the two differ and each is fed on its own)."""
+        own, src = self.mgr, self.host.mgr
+        # The manager's __new__ takes the constructor's arguments, so the copy is built
+        # field by field; the memo makes the parts that point back at it point at the copy
+        # and shares the model spec (immutable).
+        self.mgr = object.__new__(type(src))
+        memo = {id(src): self.mgr, id(src.spec): src.spec}
+        self.mgr.__dict__.update(copy.deepcopy(src.__dict__, memo))
+        self.mgr.config, self.mgr.admission = own.config, own.admission
+        self._next_id = self.host._next_id
+        self.host = None
+
+    @property
+    def evictions(self) -> int:
+        """Entries evicted so far (the host's while this shadow shares its cache)."""
+        ev = (self.host or self).mgr.index.evictions
+        return ev["kv"] + ev["state"]
+
+    def mirror(self, prompt_len: int, decay: float) -> None:
+        """Count the request the host was just fed, as this shadow (its twin) would have."""
+        self._count(self.host._last_hit, prompt_len, decay)
 
     @property
     def admission(self):  # type: ignore[no-untyped-def]
@@ -168,6 +207,7 @@ class ShadowCache:
 
     def _count(self, hit: int, prompt: int, decay: float) -> None:
         saved = self._flops(0, hit) if hit else 0.0
+        self._last_hit = hit
         self.last = saved
         self.score = self.score * decay + saved
         self.saved += saved

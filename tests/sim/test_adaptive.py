@@ -252,3 +252,27 @@ def test_rate_out_of_range_is_refused(kimi):
     for bad in (0.0, 1.5, -1.0):
         with pytest.raises(ConfigError):
             AdaptiveManager(kimi, 4 << 30, ADAPTIVE, rate=bad)
+
+
+@pytest.mark.parametrize("kind", ["chat", "docs"])
+def test_twin_shadows_replay_exactly_as_separate_ones(kimi, kind):
+    """Settings that differ only in their interval share one replay until a request reaches
+    the interval (ShadowCache.follow): the adaptation must be the one separate shadows give.
+    docs has requests past the 3x interval (the twin forks midway), chat has none."""
+    trace = Trace(f"<{kind}>", "tokens", generate(kind, 300, seed=1, tenants=2))
+    runs = []
+    for separate in (False, True):
+        run = Replay(trace, kimi, 1 << 30, ADAPTIVE)
+        twins = [s for s in run.mgr.shadows if s.host is not None]
+        assert twins, "the candidate set has settings that differ only in their interval"
+        if separate:
+            for s in twins:
+                s.fork()  # a copy of the still empty host: from here on fed on its own
+        run.advance()
+        runs.append(run)
+    shared, separate = (r.mgr.adaptive_stats() for r in runs)
+    assert shared["switches"] == separate["switches"]
+    assert shared["shadows"] == separate["shadows"]
+    assert runs[0].hit_tokens == runs[1].hit_tokens
+    forked = [s for s in runs[0].mgr.shadows if s.fork_at and s.host is None]
+    assert bool(forked) == (kind == "docs")
