@@ -45,31 +45,9 @@ from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import AttentionKind, ModelSpec
+from hybridcache.step import _Hit, _Step, _Undo
 
 _NO_COPIES = CopyPlan()
-
-
-class _Undo:
-    """Pages and slots taken by a step so far: returned if the step fails."""
-
-    __slots__ = ("pages", "slots")
-
-    def __init__(self) -> None:
-        self.pages: list[int] = []
-        self.slots: list[int] = []
-
-    def give_back(self, arena: Arena) -> None:
-        for p in self.pages:
-            arena.free_page(p)
-        for s in self.slots:
-            arena.free_slot(s)
-
-
-#: A request's match as its first allocation applies it: ``(kv_units, units, holds,
-#: restore)``, where ``units`` is the usable hit (KV units with a snapshot at the end, for
-#: models with state), ``holds`` cover it and ``restore`` is the snapshot to copy from.
-#: A plain tuple: made on every first allocation.
-_Hit = tuple[int, int, list[Hold], "UnitHandle | None"]
 
 
 class HybridCacheManager(SavePointControl):
@@ -225,18 +203,18 @@ class HybridCacheManager(SavePointControl):
         req.num_tokens = req.hasher.num_tokens
 
     # ------------------------------------------------------------------ allocate
-    def allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0) -> Allocation:
-        """Pages (and on the first call the running slot and copy plan) for new tokens.
+    def _count_step(
+        self, request_id: str, num_new_tokens: int, num_draft: int, extra_slots: int = 0
+    ) -> _Step:
+        """Validate a step and count it (hybridcache.room) without taking anything.
 
-        Args:
-            request_id: a request added with :meth:`add_request`.
-            num_new_tokens: tokens the engine computes in this step (including drafts).
-            num_draft: speculative decoding: draft tokens among them; that many extra state
-                slots are reserved until :meth:`accept`.
+        Shared by :meth:`allocate` and :meth:`EnginePort.can_allocate
+        <hybridcache.port.EnginePort.can_allocate>` so the question asked before a step and
+        the one the step asks itself cannot drift apart. ``extra_slots`` are slots an engine
+        takes beside the step (taken before the pages, as the step's own).
 
-        Raises:
-            InvalidRequestError: bad counts or lengths (nothing changed).
-            OutOfSpaceError: not enough evictable memory (nothing changed).
+        Returns:
+            The validated counts, the request, its hit (first step only) and the answer.
         """
         num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
         num_draft = validation.as_count(num_draft, "num_draft")
@@ -250,14 +228,35 @@ class HybridCacheManager(SavePointControl):
             raise InvalidRequestError(
                 f"request {request_id!r}: {end} tokens exceed max_model_len {self.spec.max_model_len}"
             )
-        # Count, then take: a refused step changes nothing (hybridcache.room).
         held = hit[1] if hit is not None else req.units_allocated
         page_units = max(-(-end // self.unit) - held, 0)
-        slots = (first + num_draft) if self.has_state else 0
+        slots = ((first + num_draft) if self.has_state else 0) + extra_slots
+        if hit is None:
+            fits = self._fits(page_units, slots)
+        else:
+            coord = self.coordinator
+            slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord else ()
+            fits = self._fits(page_units, slots, hit[2], hit[3], slide_hold)
+        return _Step(req, first, hit, start, end, page_units, slots, fits, num_new_tokens, num_draft)
+
+    def allocate(self, request_id: str, num_new_tokens: int, *, num_draft: int = 0) -> Allocation:
+        """Pages (and on the first call the running slot and copy plan) for new tokens.
+
+        Args:
+            request_id: a request added with :meth:`add_request`.
+            num_new_tokens: tokens the engine computes in this step (including drafts).
+            num_draft: speculative decoding: draft tokens among them; that many extra state
+                slots are reserved until :meth:`accept`.
+
+        Raises:
+            InvalidRequestError: bad counts or lengths (nothing changed).
+            OutOfSpaceError: not enough evictable memory (nothing changed).
+        """
+        req, first, hit, start, end, page_units, slots, fits, num_new_tokens, num_draft = (
+            self._count_step(request_id, num_new_tokens, num_draft)
+        )
         coord = self.coordinator
-        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord and hit else ()
-        if not (self._fits(page_units, slots, hit[2], hit[3], slide_hold) if hit is not None
-                else self._fits(page_units, slots)):
+        if not fits:
             raise OutOfSpaceError(
                 f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
                 "slots do not fit, even after evicting every cached entry no request holds"

@@ -410,28 +410,8 @@ class EnginePort:
         Raises:
             InvalidRequestError: bad counts or lengths, as :meth:`allocate` would.
         """
-        m = self._m
-        num_new_tokens = validation.as_count(num_new_tokens, "num_new_tokens")
-        num_draft = validation.as_count(num_draft, "num_draft")
         extra_slots = validation.as_count(extra_slots, "extra_slots")
-        req = m._get(request_id)
-        req.check_step(num_new_tokens, num_draft)
-        first = not req.allocated
-        hit = m._hit(req) if first else None
-        start = hit[1] * m.unit if hit is not None else req.num_allocated
-        end = start + num_new_tokens
-        if end > m.spec.max_model_len:
-            raise InvalidRequestError(
-                f"request {request_id!r}: {end} tokens exceed max_model_len {m.spec.max_model_len}"
-            )
-        held = hit[1] if hit is not None else req.units_allocated
-        page_units = max(-(-end // m.unit) - held, 0)
-        slots = ((first + num_draft) if m.has_state else 0) + extra_slots
-        if hit is None:
-            return m._fits(page_units, slots)
-        coord = m.coordinator
-        slide_hold = coord.unheld_hit_pages(req.hasher.digests, hit[1]) if coord else ()
-        return m._fits(page_units, slots, hit[2], hit[3], slide_hold)
+        return self._m._count_step(request_id, num_new_tokens, num_draft, extra_slots).fits
 
     def take_slots(self, request_id: str, count: int) -> list[int] | None:
         """``count`` state slots the engine owns until :meth:`release_slot`, evicting
