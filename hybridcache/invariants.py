@@ -9,6 +9,7 @@ The invariants are written at the fields they constrain (``PrefixIndex.__init__`
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -81,6 +82,14 @@ def check_index(index: PrefixIndex) -> None:
         cache.check_invariants()
         sliding_pages += [p for e in cache.entries.values() for p in e.pages]
     assert not set(sliding_pages) & set(pages), "a page cached as full and sliding KV"
+    _check_branches(index)
+
+
+def _check_branches(index: PrefixIndex) -> None:
+    """``branches`` counts, per unit, the runs whose head follows it (the stranded-KV rule
+    reads it); ``_branch_of`` names that unit for each such head, and only live heads."""
+    assert set(index._branch_of) <= set(index.heads), "a branch counted for a head that is gone"
+    assert index.branches == Counter(index._branch_of.values()), "runs branching off a unit"
 
 
 def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: int = 0) -> None:
