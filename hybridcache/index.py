@@ -277,6 +277,7 @@ class PrefixIndex:
         tables: Sequence[Sequence[int] | Mapping[int, int]],
         flops: float,
         after: Hold | None = None,
+        tokens: bytes | bytearray | None = None,
     ) -> tuple[Hold, int] | None:
         """Make the request's pages the cached KV of units ``first, first+1, ...`` before
         ``end``, stopping at the first unit that already has KV (a duplicate, which the
@@ -292,6 +293,9 @@ class PrefixIndex:
             after: the caller's hold on the run that ends at unit ``first - 1``, if any. If
                 it covers that whole run, the new units extend it and the hold moves to the
                 new end (a conversation's turns become one run); else they form a new run.
+            tokens: the token bytes of units ``[first, end)`` (the same size per unit), kept
+                by the run so that a prompt with equal tokens reuses its digests; ``None``:
+                unknown (the run then keeps none).
 
         Returns:
             ``(hold, count)``: the caller's hold on the units' run, which now covers it up
@@ -315,7 +319,9 @@ class PrefixIndex:
             t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
             for t in tables
         ]
-        run.extend(ds, per_group, self._ppb)
+        if tokens is not None and n < end - first:
+            tokens = tokens[: len(tokens) // (end - first) * n]
+        run.extend(ds, per_group, self._ppb, tokens)
         if self.events is not None:
             self.events.append(CacheEvent(
                 STORED, "kv", DEVICE, tuple(ds), first, self._kv_groups, tenant,

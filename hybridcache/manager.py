@@ -144,7 +144,7 @@ class HybridCacheManager(SavePointControl):
             )
         hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant, lora, mm_items)
         if digests is None:
-            hasher.extend_validated(arr)
+            hasher.extend_reusing(arr, self.index.heads.get)  # cached prefixes: no hashing
         else:
             if len(digests) != n // cfg.hash_unit:
                 raise InvalidRequestError(
