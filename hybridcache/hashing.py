@@ -40,6 +40,7 @@ HASH_ALGOS = ("xxh3_128", "sha256")
 _MAX_TOKEN = (1 << 32) - 1
 _MAX_TOKEN_U64 = np.uint64(_MAX_TOKEN)  # a numpy scalar: no conversion on every compare
 _U32 = np.dtype(np.uint32)
+_NO_OWNER = object()  # as_token_array: ids of no request
 
 
 def _sha256(data: bytes) -> bytes:
@@ -112,12 +113,17 @@ def _key_field(value: str | int | None, what: str) -> bytes:
     return _field(b"i", str(int(value)).encode())
 
 
-def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") -> np.ndarray:
+def as_token_array(
+    tokens: Sequence[int] | np.ndarray, what: str = "token ids", owner: object = _NO_OWNER
+) -> np.ndarray:
     """Validate and convert token ids to native ``uint32``.
 
     Any integer dtype and byte order is accepted (a big-endian ``int64`` array is read by
     value, never truncated); Python ints too. A flat native ``uint32`` array is returned
     as is: that is what the hasher reads, and the engine's common input.
+
+    ``owner``: the request id the ids belong to, named in errors (``request 'r' <what>``;
+    the message is only made when one is raised).
 
     Raises:
         InvalidRequestError: non-integer ids (float, bool, object, str), negative ids, ids
@@ -125,6 +131,8 @@ def as_token_array(tokens: Sequence[int] | np.ndarray, what: str = "token ids") 
     """
     if type(tokens) is np.ndarray and tokens.dtype == _U32 and tokens.ndim == 1:
         return tokens  # already what the hasher reads: nothing to check or convert
+    if owner is not _NO_OWNER:
+        what = f"request {owner!r} {what}"
     try:
         arr = np.asarray(tokens)
     except (TypeError, ValueError, OverflowError) as e:  # ragged nesting, huge ints

@@ -127,12 +127,15 @@ class HybridCacheManager(SavePointControl):
                 instead of tokens), salted with tenant and LoRA as token hashes are; then
                 ``token_ids`` is only used for its length (or is the token count).
         """
-        validation.check_request_id(request_id)  # tenant and LoRA: checked by the hasher
-        if request_id in self.requests:
+        try:  # tenant and LoRA: checked by the hasher
+            exists = request_id in self.requests
+        except TypeError:
+            raise validation.unhashable_request_id(request_id) from None
+        if exists:
             raise InvalidRequestError(f"request {request_id!r} already exists")
         cfg = self.config
         if digests is None:
-            arr = as_token_array(token_ids, f"request {request_id!r} token ids")
+            arr = as_token_array(token_ids, "token ids", request_id)
             n = len(arr)
         else:
             n = validation.check_digests(digests, token_ids, request_id)
@@ -193,7 +196,7 @@ class HybridCacheManager(SavePointControl):
     def append_tokens(self, request_id: str, token_ids: Sequence[int] | np.ndarray) -> None:
         """Append generated (or accepted draft) tokens to the request's known tokens."""
         req = self._get(request_id)
-        arr = as_token_array(token_ids, f"request {request_id!r} appended token ids")
+        arr = as_token_array(token_ids, "appended token ids", request_id)
         if req.num_tokens + len(arr) > self.spec.max_model_len:
             raise InvalidRequestError(
                 f"request {request_id!r}: {req.num_tokens + len(arr)} tokens exceed "
@@ -529,8 +532,10 @@ class HybridCacheManager(SavePointControl):
     # ------------------------------------------------------------------ free
     def free(self, request_id: str, *, finished: bool = True) -> None:
         """Release the request. ``finished`` turns its turn-end snapshot into a cached one."""
-        validation.check_request_id(request_id)
-        req = self.requests.pop(request_id, None)
+        try:
+            req = self.requests.pop(request_id, None)
+        except TypeError:
+            raise validation.unhashable_request_id(request_id) from None
         if req is None:
             raise InvalidRequestError(f"free of unknown request {request_id!r}")
         self.tick += 1

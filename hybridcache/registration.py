@@ -70,7 +70,7 @@ class CommitRegistrar:
         if run is None or (node is not None and node.snap >= 0):
             m.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return
-        quota = self.quota(req.tenant)
+        quota = self.quota(req.tenant) if m.config.tenant_quotas else None
         if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
             m.metrics.quota_rejections += 1
             m.arena.free_slot(slot)
