@@ -128,11 +128,10 @@ class HybridCacheManager(SavePointControl):
                 ``token_ids`` is only used for its length (or is the token count).
         """
         try:  # tenant and LoRA: checked by the hasher
-            exists = request_id in self.requests
+            if request_id in self.requests:
+                raise InvalidRequestError(f"request {request_id!r} already exists")
         except TypeError:
             raise validation.unhashable_request_id(request_id) from None
-        if exists:
-            raise InvalidRequestError(f"request {request_id!r} already exists")
         cfg = self.config
         if digests is None:
             arr = as_token_array(token_ids, "token ids", request_id)
@@ -459,7 +458,8 @@ class HybridCacheManager(SavePointControl):
         req.num_computed = n
         self._registrar.register_units(req, min(n, req.num_tokens) // self.unit)
         if req.saves:
-            for b in sorted(b for b in req.saves if b <= n and b <= req.num_tokens):
+            lim = min(n, req.num_tokens)
+            for b in sorted([b for b in req.saves if b <= lim]):
                 self._registrar.register_snapshot(req, b, req.saves.pop(b))
         if self.coordinator is not None:
             self.coordinator.advance(req, n)
