@@ -342,7 +342,7 @@ class TokenHasher:
         lora: str | int | None = None,
         mm_items: Sequence[MultiModalItem] = (),
     ) -> None:
-        n = _as_int(unit)
+        n = unit if type(unit) is int else _as_int(unit)
         if n is None or n <= 0:
             raise ConfigError(f"hash_unit must be a positive int, got {unit!r}")
         if not isinstance(seed, str):
@@ -455,7 +455,10 @@ class TokenHasher:
             left = min(len(run.digests), n_full - i) - 1
             same = _same_units(data, (i + 1) * ub, run.tokens, ub, left, ub, run.fork - 1)
             if same:
-                out += run.digests[1 : 1 + same]
+                if i:
+                    out += run.digests[1 : 1 + same]
+                else:  # the first unit is the run's: one copy, not a slice then an extend
+                    out = self.digests = run.digests[: 1 + same]
                 h = out[-1]
             i += 1 + same
         if i < n_full:
