@@ -279,10 +279,13 @@ class PrefixIndex(ChainWalks):
         self.kv_units += n
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * n
         stop = first + n
-        per_group = [
-            t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
-            for t in tables
-        ]
+        if len(tables) == 1 and type(tables[0]) is list:  # one group: no comprehension
+            per_group = [tables[0][first:stop]]
+        else:
+            per_group = [
+                t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
+                for t in tables
+            ]
         if tokens is not None and n < end - first:
             tokens = tokens[: len(tokens) // (end - first) * n]
         run.extend(ds, per_group, self._ppb, tokens)

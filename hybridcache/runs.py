@@ -169,6 +169,14 @@ def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int
             blocks.append(b)
             k += ppb
         return
+    b = min(new) // ppb
+    if b == max(new) // ppb:
+        # Every page in one slab (freed entries of the open slab, in any order): one
+        # segment, found by two C loops instead of one Python step per page.
+        if b != last:
+            starts.append(base)
+            blocks.append(b)
+        return
     for i, p in enumerate(new, base):
         b = p // ppb
         if b != last:
