@@ -197,6 +197,9 @@ class Arena:
         self.slots_in_use = 0
         # One flag per entry: catches double frees inside a block that is still in use.
         self._live = {KV: bytearray(layout.num_pages), STATE: bytearray(layout.num_slots)}
+        # One slot per block (state at least a page, the usual hybrid): a slot is a whole
+        # block, taken from and given back to the free stack (three calls per request).
+        self._one_slot = layout.slots_per_block == 1
 
     # ------------------------------------------------------------------ allocation
     def alloc_page(self) -> int | None:
@@ -217,6 +220,17 @@ class Arena:
 
     def alloc_slot(self) -> int | None:
         """A free state slot id, or ``None`` when no slot and no free block is left."""
+        if self._one_slot and not self._open[STATE]:  # what _take does for one whole block
+            free = self._free_blocks
+            if not free:
+                return None
+            b = free.pop()
+            self._kind[b] = STATE
+            self._live[STATE][b] = 1
+            self._fresh[b] = b + 1
+            self.used_per_block[b] = 1
+            self.slots_in_use += 1
+            return b
         got = self._take(STATE, self.layout.slots_per_block, 1)
         if not got:
             return None
@@ -230,6 +244,17 @@ class Arena:
 
     def free_slot(self, slot: int) -> None:
         """Return ``slot``; its block becomes free once it is empty."""
+        if self._one_slot:  # what _free does when the slot is its block's only entry
+            live = self._live[STATE]
+            if self._kind[slot] != STATE or not live[slot]:
+                raise ValueError(f"entry {slot} is not allocated as state")
+            live[slot] = 0
+            self.used_per_block[slot] = 0
+            self._kind[slot] = FREE
+            self._entry_free[slot] = []
+            self._free_blocks.append(slot)
+            self.slots_in_use -= 1
+            return
         self._free(STATE, slot, self.layout.slots_per_block)
         self.slots_in_use -= 1
 

@@ -304,10 +304,12 @@ class Evictor:
                             s = arena.alloc_slot()
                         continue
                     return None
-                if choice[0] != "kv" or not self._drop_tail_range(choice[1], pred):
-                    got = self._drop(*choice, keep_slot=True)
-                    if got >= 0:
-                        return got  # the evicted snapshot's slot, taken over
+                kind, node = choice
+                if kind == "state":  # _drop's state branch: the slot is taken over
+                    self.snap_q.evicted(node)
+                    return self._evict_snapshot(node, True)
+                if not self._drop_tail_range(node, pred):
+                    self._drop(kind, node, keep_slot=True)
                 if arena.may_have_slot():
                     s = arena.alloc_slot()
             return s

@@ -31,6 +31,7 @@ from collections.abc import Mapping, Sequence
 from hybridcache.arena import Arena
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent, EventLog
 from hybridcache.eviction import Evictor
+from hybridcache.index_walks import ChainWalks
 from hybridcache.policies import PolicySettings, build_policy
 from hybridcache.policy import EvictionQueue
 from hybridcache.runs import (
@@ -56,9 +57,10 @@ def _snap_evictable(node: UnitHandle) -> bool:  # type: ignore[misc]
     return node.snap_ref == 0 and node.snap >= 0
 
 
-class PrefixIndex:
+class PrefixIndex(ChainWalks):
     """Digest -> run (KV) and handle (snapshot); victims are chosen, and pages and slots
-    allocated under pressure, by its :class:`~hybridcache.eviction.Evictor`."""
+    allocated under pressure, by its :class:`~hybridcache.eviction.Evictor`; walks along a
+    chain's digests are :class:`~hybridcache.index_walks.ChainWalks`'."""
 
     def __init__(
         self,
@@ -168,44 +170,6 @@ class PrefixIndex:
             node = self.handles[d] = UnitHandle(d, run.first + pos, run.tenant, run)
         return node
 
-    def unit(self, digests: Sequence[Digest], u: int) -> UnitHandle | None:
-        """The handle of unit ``u`` of a chain (``None`` if it has neither KV nor a snapshot)."""
-        node = self.handles.get(digests[u])
-        if node is not None:
-            return node
-        for run, end in self.chain_holds(digests, 0, u + 1):
-            if run.first <= u < run.first + end:
-                return self.handle(run, u - run.first)
-        return None
-
-    def has_kv_at(self, digests: Sequence[Digest], i: int, before: Run | None) -> bool:
-        """Unit ``i`` of a chain has KV, given ``before``, the run holding unit ``i - 1``
-        (``None`` if it has no KV or ``i == 0``): the unit starts a run, or ``before``
-        continues with it (no other run can hold it)."""
-        d = digests[i]
-        if d in self.heads:
-            return True
-        if before is None:
-            return False
-        p = i - before.first
-        return p < len(before.digests) and before.digests[p] == d
-
-    def chain_holds(self, digests: Sequence[Digest], lo: int, hi: int) -> list[Hold]:
-        """The holds that pin units ``[lo, hi)`` of a chain that have KV (others skipped):
-        one per run, from its first unit up to the deepest of them in it.
-
-        Unit ``lo`` must not be inside a run that started before it (true for ``lo == 0``
-        and right after a unit the caller holds): the walk finds runs by their first unit,
-        and a unit without KV is always followed by a run's first unit or another gap.
-        """
-        holds: list[Hold] = []
-        i = lo
-        while i < hi:
-            i, got = self.kv_path(digests, hi, i)
-            holds += got
-            i += 1  # a unit without KV (or hi)
-        return holds
-
     # ------------------------------------------------------------------ holding
     def hold_runs(self, holds: Sequence[Hold]) -> None:
         """Take the holds ``(run, end)``: units ``[0, end)`` of each run are pinned."""
@@ -277,6 +241,7 @@ class PrefixIndex:
         tables: Sequence[Sequence[int] | Mapping[int, int]],
         flops: float,
         after: Hold | None = None,
+        tokens: bytes | bytearray | None = None,
     ) -> tuple[Hold, int] | None:
         """Make the request's pages the cached KV of units ``first, first+1, ...`` before
         ``end``, stopping at the first unit that already has KV (a duplicate, which the
@@ -292,6 +257,9 @@ class PrefixIndex:
             after: the caller's hold on the run that ends at unit ``first - 1``, if any. If
                 it covers that whole run, the new units extend it and the hold moves to the
                 new end (a conversation's turns become one run); else they form a new run.
+            tokens: the token bytes of units ``[first, end)`` (the same size per unit), kept
+                by the run so that a prompt with equal tokens reuses its digests; ``None``:
+                unknown (the run then keeps none).
 
         Returns:
             ``(hold, count)``: the caller's hold on the units' run, which now covers it up
@@ -311,11 +279,16 @@ class PrefixIndex:
         self.kv_units += n
         self.tenant_bytes[tenant] = self.tenant_bytes.get(tenant, 0) + self.node_kv_bytes * n
         stop = first + n
-        per_group = [
-            t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
-            for t in tables
-        ]
-        run.extend(ds, per_group, self._ppb)
+        if len(tables) == 1 and type(tables[0]) is list:  # one group: no comprehension
+            per_group = [tables[0][first:stop]]
+        else:
+            per_group = [
+                t[first:stop] if isinstance(t, list) else [t[i] for i in range(first, stop)]  # type: ignore[misc]
+                for t in tables
+            ]
+        if tokens is not None and n < end - first:
+            tokens = tokens[: len(tokens) // (end - first) * n]
+        run.extend(ds, per_group, self._ppb, tokens)
         if self.events is not None:
             self.events.append(CacheEvent(
                 STORED, "kv", DEVICE, tuple(ds), first, self._kv_groups, tenant,
@@ -527,7 +500,15 @@ class PrefixIndex:
         self.snapshots -= 1
         if not keep_slot:
             self.arena.free_slot(slot)
-        self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
+        if self.events is None:  # _account without an event (one call fewer per victim)
+            nbytes = self.snap_bytes
+            self.evictions["state"] += 1
+            self.evicted_bytes["state"] += nbytes
+            left = self.tenant_bytes.pop(node.tenant, 0) - nbytes
+            if left:
+                self.tenant_bytes[node.tenant] = left
+        else:
+            self._account("state", node, self.snap_bytes)  # the hook still sees node.snap
         node.snap = -1
         for cache in self.sliding:  # the window before it may serve no hit now
             cache.snapshot_evicted(node, self.handles)
@@ -559,72 +540,3 @@ class PrefixIndex:
                 (node.pages,) if kv else (node.snap,),
                 node.kv_flops if kv else node.snap_flops, node.kv_hits if kv else node.snap_hits,
             ))
-
-    # ------------------------------------------------------------------ walks
-    def kv_path(self, digests: list[Digest], max_units: int, start: int = 0) -> tuple[int, list[Hold]]:
-        """The longest prefix of a chain with KV (capped at ``max_units``) and the holds
-        that cover it, one per run it crosses; from unit ``start`` if given (which must
-        not be inside a run that started before it, see :meth:`chain_holds`).
-
-        One dictionary look-up per run, not per unit. Digests are chained, so two paths
-        that agree at one unit agree at every unit before it: from a run's first matching
-        unit, the end of the stretch is found by comparing single digests (the stretch's
-        last one, else a binary search), never the units in between. For the same reason
-        the path enters every run at its first unit (the unit before it is in the run
-        before), so each hold ``(run, end)`` covers exactly the path's units in ``run``.
-
-        Returns:
-            ``(end, holds)``: units ``[start, end)`` have KV, unit ``end`` has none (or is
-            ``max_units``).
-        """
-        get = self.heads.get
-        n = min(len(digests), max_units)
-        holds: list[Hold] = []
-        i = start
-        while i < n:
-            run = get(digests[i])
-            if run is None:
-                break
-            if run.first != i:
-                raise AssertionError(f"unit {i} found inside {run}: the digest map is corrupt")
-            m = min(len(run.digests), n - i)
-            rd = run.digests
-            if m > 1 and rd[m - 1] != digests[i + m - 1]:
-                # Where the last walk left this run is where the next one usually leaves it
-                # too (a shared system prompt, then each conversation's own turns).
-                h = run.fork
-                if 0 < h < m and rd[h - 1] == digests[i + h - 1] and rd[h] != digests[i + h]:
-                    m = h
-                else:
-                    ok, bad = 1, m  # units [0, ok) agree, unit bad - 1 does not
-                    while bad - ok > 1:
-                        mid = (ok + bad) // 2
-                        if rd[mid - 1] == digests[i + mid - 1]:
-                            ok = mid
-                        else:
-                            bad = mid
-                    m = run.fork = ok
-            holds.append((run, m))
-            i += m
-        return i, holds
-
-    def deepest_snapshot(self, digests: Sequence[Digest], units: int) -> tuple[int, UnitHandle | None]:
-        """``(end, node)``: the deepest of the chain's first ``units`` units with a snapshot
-        (``(0, None)`` if none has one)."""
-        get = self.handles.get
-        for u in range(units - 1, -1, -1):
-            node = get(digests[u])
-            if node is not None and node.snap >= 0:
-                return u + 1, node
-        return 0, None
-
-    def walk(self, digests: list[Digest], max_units: int) -> tuple[int, int, UnitHandle | None]:
-        """Longest KV run and deepest snapshot on it.
-
-        Returns:
-            ``(kv_units, snap_units, snap_node)``: units from the start that have KV (capped
-            at ``max_units``), the end of the deepest of them that has a snapshot, and that
-            node (``None`` if there is none).
-        """
-        units = self.kv_path(digests, max_units)[0]
-        return (units, *self.deepest_snapshot(digests, units))

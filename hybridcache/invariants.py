@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from hybridcache.hashing import hash_function
+from hybridcache.runs import tokens_chain
+
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import PrefixIndex
     from hybridcache.manager import HybridCacheManager
@@ -98,6 +101,8 @@ def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: in
     ``engine_slots`` taken over; see :class:`~hybridcache.port.EnginePort`)."""
     index = m.index
     check_index(index)
+    fn, ub = hash_function(m.config.hash_algo), m.unit * 4
+    assert all(tokens_chain(r, fn, ub) for r in index.heads.values()), "a run's tokens are not its units'"
     pages = [p for run in index.heads.values() for g in run.pages for p in g]
     slots = [n.snap for n in index.handles.values() if n.snap >= 0]
     refs: dict[int, int] = {}  # id(sliding entry) -> live requests holding it

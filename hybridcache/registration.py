@@ -24,6 +24,7 @@ class CommitRegistrar:
     def register_units(self, req: Request, full_units: int) -> None:
         m = self._m
         index, digests, quota = m.index, req.hasher.digests, self.quota(req.tenant)
+        data, ub = req.hasher.token_bytes, m.unit * 4  # kept with the KV (hybridcache.runs)
         registered, i = 0, req.units
         while i < full_units:
             if index.has_kv_at(digests, i, req.held_run(i - 1) if i else None):
@@ -46,7 +47,8 @@ class CommitRegistrar:
             # Depth-independent value: a prefix's head must never rank below its tail,
             # or value eviction drops heads first and strands unreachable tails.
             last = req.holds[-1] if req.holds else None
-            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, m._unit_flops, last)
+            tokens = data[i * ub : end * ub] if data is not None else None
+            got = index.register_kv_run(digests, i, end, req.tenant, req.pages, m._unit_flops, last, tokens)
             assert got is not None, "unit without KV registered by no one"
             hold, n = got
             if last is not None and hold[0] is last[0]:
@@ -68,7 +70,7 @@ class CommitRegistrar:
         if run is None or (node is not None and node.snap >= 0):
             m.arena.free_slot(slot)  # duplicate or unregistered KV: drop
             return
-        quota = self.quota(req.tenant)
+        quota = self.quota(req.tenant) if m.config.tenant_quotas else None
         if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
             m.metrics.quota_rejections += 1
             m.arena.free_slot(slot)

@@ -49,7 +49,7 @@ class Run:
 
     __slots__ = (
         "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops", "first", "tenant",
-        "qseq", "qprio", "fork",
+        "qseq", "qprio", "fork", "tokens",
     )
 
     def __init__(self, flops: float, groups: int, first: int, tenant: str | None) -> None:
@@ -71,16 +71,21 @@ class Run:
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
         self.fork = 0  # where the last walk that left the run early left it (a hint)
+        #: The units' token ids as the bytes they hash (the same size per unit), so that a
+        #: prompt with equal tokens takes the run's digests instead of hashing them
+        #: (:meth:`TokenHasher.extend_reusing <hybridcache.hashing.TokenHasher.extend_reusing>`);
+        #: ``None`` once any unit came without them (digests only, multimodal extras).
+        self.tokens: bytearray | None = bytearray()
 
     @classmethod
     def of(
         cls, digests: list[bytes], pages: list[list[int]], flops: float, ppb: int, first: int,
-        tenant: str | None,
+        tenant: str | None, tokens: bytes | bytearray | None = None,
     ) -> Run:
         """A run of the units ``digests`` (consecutive, from depth ``first``) whose pages per
-        group are ``pages``."""
+        group are ``pages`` (and token bytes ``tokens``, if known)."""
         run = cls(flops, len(pages), first, tenant)
-        run.extend(digests, pages, ppb)
+        run.extend(digests, pages, ppb, tokens)
         return run
 
     def __len__(self) -> int:
@@ -89,7 +94,9 @@ class Run:
     def __repr__(self) -> str:
         return f"Run(first={self.first}, len={len(self.digests)}, held={self.held}, holds={self.holds})"
 
-    def extend(self, digests: list[bytes], pages: list[list[int]], ppb: int) -> None:
+    def extend(
+        self, digests: list[bytes], pages: list[list[int]], ppb: int, tokens: bytes | bytearray | None = None
+    ) -> None:
         """Append units that continue the run's chain (a new run, or one whose whole length
         the registering request holds, so every path to the new units crosses it).
 
@@ -97,7 +104,13 @@ class Run:
             digests: the units' digests, in order.
             pages: per attention group, the units' pages.
             ppb: pages per arena block (for the block segments).
+            tokens: the units' token bytes (``None``: unknown, and the run keeps none).
         """
+        if self.tokens is not None:
+            if tokens is None:
+                self.tokens = None
+            else:
+                self.tokens += tokens
         self.digests += digests
         for pl, new, (starts, blocks) in zip(self.pages, pages, self.segs):
             add_segments(starts, blocks, new, len(pl), ppb)
@@ -156,6 +169,14 @@ def add_segments(starts: list[int], blocks: list[int], new: list[int], base: int
             blocks.append(b)
             k += ppb
         return
+    b = min(new) // ppb
+    if b == max(new) // ppb:
+        # Every page in one slab (freed entries of the open slab, in any order): one
+        # segment, found by two C loops instead of one Python step per page.
+        if b != last:
+            starts.append(base)
+            blocks.append(b)
+        return
     for i, p in enumerate(new, base):
         b = p // ppb
         if b != last:
@@ -208,8 +229,11 @@ def shift_blocks(counts: list[int], run: Run, lo: int, hi: int, delta: int) -> N
 
 def pop_tail(run: Run) -> bytes:
     """Remove the run's last unit; returns its digest."""
+    n = len(run.digests) - 1
+    t = run.tokens
+    if t is not None:  # _cut_tokens, inline: single evictions come by the dozen
+        del t[len(t) // (n + 1) * n :]
     digest = run.digests.pop()
-    n = len(run.digests)
     # Keep every hit / release end within the run (touch() reads the tail's in O(1)).
     if n + 1 in run.hits:
         run.hits[n] = run.hits.get(n, 0) + run.hits.pop(n + 1)
@@ -229,6 +253,7 @@ def pop_tail_range(run: Run, k: int) -> None:
     each hit / release end past the new length folded into it once, not step by step
     (hits add up, release marks keep their maximum, as the steps would leave them)."""
     n = len(run.digests) - k
+    _cut_tokens(run, n)
     del run.digests[n:]
     hits, rel = run.hits, run.rel
     past = [e for e in hits if e > n]
@@ -245,11 +270,36 @@ def pop_tail_range(run: Run, k: int) -> None:
             blocks.pop()
 
 
+def _cut_tokens(run: Run, n: int) -> None:
+    """Keep the token bytes of the run's first ``n`` units (before its digests are cut)."""
+    t = run.tokens
+    if t is not None and run.digests:
+        del t[len(t) // len(run.digests) * n :]
+
+
+def tokens_chain(run: Run, fn: Callable[[bytes], bytes], unit_bytes: int) -> bool:
+    """The run's token bytes (if kept) are its units' tokens: one unit's bytes per digest,
+    each digest after the first the hash ``fn`` of the one before and its unit (what a
+    prompt reusing them relies on, :meth:`TokenHasher.extend_reusing
+    <hybridcache.hashing.TokenHasher.extend_reusing>`). An invariant, recounted by tests."""
+    t, d = run.tokens, run.digests
+    if t is None:
+        return True
+    if len(t) != len(d) * unit_bytes:
+        return False
+    return all(d[j] == fn(d[j - 1] + bytes(t[j * unit_bytes : (j + 1) * unit_bytes])) for j in range(1, len(d)))
+
+
 def split(run: Run, j: int, ppb: int) -> Run | None:
     """Remove the unit at ``j`` (unpinned: ``j >= run.held``); units past it move to a new
     run, returned (``None`` if there are none). Hold ends are all ``<= j`` and stay."""
     tail_digests = run.digests[j + 1 :]
     tail_pages = [p[j + 1 :] for p in run.pages]
+    tail_tokens = None
+    if run.tokens is not None:
+        ub = len(run.tokens) // len(run.digests)
+        tail_tokens = run.tokens[(j + 1) * ub :]
+    _cut_tokens(run, j)
     del run.digests[j:]
     for p in run.pages:
         del p[j:]
@@ -263,7 +313,7 @@ def split(run: Run, j: int, ppb: int) -> Run | None:
     if not tail_digests:
         return None
     cut = j + 1
-    tail = Run.of(tail_digests, tail_pages, run.flops, ppb, run.first + cut, run.tenant)
+    tail = Run.of(tail_digests, tail_pages, run.flops, ppb, run.first + cut, run.tenant, tail_tokens)
     tail.hits = {end - cut: c for end, c in hits.items() if end > cut}
     tail.rel = {end - cut: v for end, v in rel.items() if end > cut}
     return tail

@@ -32,6 +32,7 @@ __all__ = [
     "check_key",
     "check_manager_args",
     "check_request_id",
+    "unhashable_request_id",
     "check_text",
 ]
 
@@ -54,6 +55,8 @@ def as_count(value: object, what: str) -> int:
     Raises:
         InvalidRequestError: not an integer; ``what`` names the argument.
     """
+    if type(value) is int:  # the common call: no second function
+        return value
     n = _integer(value)
     if n is None:
         raise InvalidRequestError(f"{what} must be an integer, got {value!r}")
@@ -65,9 +68,12 @@ def check_request_id(request_id: object) -> None:
     try:
         hash(request_id)
     except TypeError:
-        raise InvalidRequestError(
-            f"request id must be hashable (a str), got {type(request_id).__name__}"
-        ) from None
+        raise unhashable_request_id(request_id) from None
+
+
+def unhashable_request_id(request_id: object) -> InvalidRequestError:
+    """The error for an id that cannot be a dict key (raised where a look-up found it so)."""
+    return InvalidRequestError(f"request id must be hashable (a str), got {type(request_id).__name__}")
 
 
 def check_text(value: str, what: str, error: type[Exception] = InvalidRequestError) -> bytes:
