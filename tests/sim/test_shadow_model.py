@@ -93,3 +93,44 @@ def test_the_comparison_catches_a_replay_that_drops_outputs(kimi):
     stream = list(_streams("chat", 120, 3))
     full = _trace_of(FullPathShadow("full", kimi, 1 << 30, CFG), stream)
     assert _trace_of(ForgetsOutputs("mutant", kimi, 1 << 30, CFG), stream) != full
+
+
+def _scan_by_unit(run, pred, start: int) -> int:
+    for pos in range(start, run.held - 1, -1):
+        if pred(run.unit_pages(pos)):
+            return pos
+    return -1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_victim_scan_by_block_segment_finds_the_unit_a_scan_by_unit_finds(seed):
+    """A slot allocation's victim scan (``value._deepest``, most of a miniature cache's
+    replay cost) asks each block segment of a run once instead of each unit: on random runs
+    (pages scattered and in consecutive stretches, any pin depth, blocks allowed at random,
+    one and two attention groups) it must return what the unit-by-unit scan returns."""
+    import random
+
+    from hybridcache.policies.value import _deepest
+    from hybridcache.runs import Run
+
+    rng = random.Random(seed)
+    for _ in range(200):
+        ppb, n, groups = rng.randint(1, 6), rng.randint(1, 40), rng.choice((1, 1, 2))
+        free = list(range(ppb * 100))
+        rng.shuffle(free)
+        pages = []
+        for _g in range(groups):
+            if rng.random() < 0.5:
+                p0 = rng.randrange(0, ppb * 10)
+                pages.append(list(range(p0, p0 + n)))  # a bulk allocation
+            else:
+                pages.append([free.pop() for _i in range(n)])
+        run = Run.of([bytes([i]) for i in range(n)], pages, 1.0, ppb, 0, None)
+        run.held = rng.randint(0, n)
+        ok = {b for b in range(110) if rng.random() < 0.3}
+
+        def pred(unit_pages, ok=ok, ppb=ppb):
+            return any(p // ppb in ok for p in unit_pages)
+
+        for start in range(-1, n):
+            assert _deepest(run, pred, start) == _scan_by_unit(run, pred, start), (ppb, pages, run.held, ok, start)
