@@ -391,6 +391,7 @@ class AdaptiveManager(HybridCacheManager):
             "rate": self.rate,
             "current": self.current,
             "running": self.running,
+            "exploring": self._pressured < EXPLORE_PAIRS,
             "overhead_units": self.shadow_units / self.live_units if self.live_units else 0.0,
             "switches": list(self.switches),
             "sampled": self.sampled,

@@ -14,7 +14,8 @@ while the sessions behind one system prompt are sampled apart (the first unit al
 make them one family: all or nothing).
 
 A shadow is fed a finished request in one go (match, allocate, commit, free) with the
-request's unit digests, so it needs no tokens and hashes nothing.
+live request's unit digests, so it needs no tokens and hashes nothing (not even the
+tenant salt: :meth:`ShadowCache._add_request`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from collections.abc import Sequence
 
 from hybridcache.config import CacheConfig
 from hybridcache.errors import OutOfSpaceError
+from hybridcache.hashing import TokenHasher
+from hybridcache.requests import Request
 from hybridcache.spec import ModelSpec
 
 #: 2**64: sampling keys are the first 8 bytes of a unit digest, read as an integer.
@@ -185,11 +188,13 @@ class ShadowCache:
     def feed(self, digests: Sequence[bytes], prompt_len: int, total: int,
              tenant: str | None, decay: float) -> None:
         """Replay one finished request: prompt of ``prompt_len`` tokens, ``total`` computed
-        (prompt + output); ``digests`` are the unit digests of all computed full units."""
+        (prompt + output); ``digests`` are the live request's unit digests of all computed
+        full units (already chained and tenant-salted by the live hasher)."""
         mgr, unit = self.mgr, self.mgr.unit
         self._next_id += 1
         rid = str(self._next_id)
-        match = mgr.add_request(rid, prompt_len, tenant=tenant, digests=digests[: prompt_len // unit])
+        req = self._add_request(rid, digests, prompt_len, tenant)
+        match = mgr.match(rid)
         try:
             mgr.allocate(rid, total - match.hit_tokens)
         except OutOfSpaceError:
@@ -197,13 +202,32 @@ class ShadowCache:
             self._count(0, prompt_len, decay)
             return
         if total > prompt_len:
-            # The output's units, as append_tokens would have hashed them: salted by the
-            # hasher's root like the prompt's (add_request(digests=) salts them).
-            mgr.requests[rid].hasher.adopt(digests[: total // unit], total)
-            mgr.requests[rid].num_tokens = total
+            # The output's units, as append_tokens would have hashed them.
+            req.hasher.digests = list(digests[: total // unit])
+            req.hasher.num_tokens = req.num_tokens = total
         mgr.commit(rid, total)
         mgr.free(rid)
         self._count(match.hit_tokens, prompt_len, decay)
+
+    def _add_request(self, rid: str, digests: Sequence[bytes], prompt_len: int,
+                     tenant: str | None) -> Request:
+        """``add_request(rid, prompt_len, tenant=tenant, digests=...)`` without its two
+        costs that a replay does not need: validating digests the live manager made, and
+        salting them again. ``add_request(digests=)`` keys unit ``d`` as
+        ``hash(root(tenant) + d)``; here it is keyed ``d`` itself. The live digests are
+        already chained and salted with the tenant's root, so both keyings are one-to-one
+        maps of the same digests (equal exactly when the live digests are equal, up to a
+        128-bit collision) and the manager, which only compares keys, decides the same:
+        ``tests/sim/test_shadow_model.py`` replays random streams both ways and compares
+        every hit and every eviction."""
+        mgr = self.mgr
+        cfg = mgr.config
+        hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant)
+        hasher.digests = list(digests[: prompt_len // mgr.unit])
+        hasher.num_tokens = prompt_len
+        req = Request(rid, hasher, tenant, prompt_len)
+        mgr.requests[rid] = req
+        return req
 
     def _count(self, hit: int, prompt: int, decay: float) -> None:
         saved = self._flops(0, hit) if hit else 0.0

@@ -11,6 +11,7 @@ are ranked per entry (:class:`ValueQueue`), KV units per run, by their tails
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -143,6 +144,29 @@ class ValueQueue(EvictionQueue):
 
     def __len__(self):
         return len(self._live)
+
+
+def _deepest(run: Run, pred: PagesPred, start: int) -> int:
+    """The deepest unpinned position at or above ``start`` whose pages satisfy ``pred``
+    (-1: none). ``pred`` (a slot allocation's filter) judges pages by their arena blocks,
+    so with one attention group the units of one block segment (``run.segs``) share a
+    verdict and each segment is asked once, at its deepest unit: a victim scan of a long
+    run in a small, pinned cache took one call per unit (a quarter of a shadow's replay)."""
+    held = run.held
+    starts = run.segs[0][0] if len(run.pages) == 1 else None
+    if not starts:
+        for pos in range(start, held - 1, -1):
+            if pred(run.unit_pages(pos)):
+                return pos
+        return -1
+    pages = run.pages[0]
+    j = bisect_right(starts, start) - 1
+    while start >= held and j >= 0:
+        if pred((pages[start],)):
+            return start
+        start = starts[j] - 1  # the deepest unit of the segment before
+        j -= 1
+    return -1
 
 
 class RunValueQueue:
@@ -313,12 +337,11 @@ class RunValueQueue:
         """Offer the deepest unpinned unit at or above ``start`` that satisfies ``pred``."""
         if not run.qseq:
             return
-        for pos in range(start, run.held - 1, -1):
-            if pred(run.unit_pages(pos)):
-                prio = self.unit_priority(run, pos)
-                cand = (prio, self._base(run, pos)[1], run.qseq, pos, run.digests[pos], run)
-                heapq.heappush(self._cands, cand)
-                return
+        pos = _deepest(run, pred, start)
+        if pos >= 0:
+            prio = self.unit_priority(run, pos)
+            cand = (prio, self._base(run, pos)[1], run.qseq, pos, run.digests[pos], run)
+            heapq.heappush(self._cands, cand)
 
     @staticmethod
     def _valid_cand(cand: tuple[float, int, int, int, bytes, Run]) -> bool:
