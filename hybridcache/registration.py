@@ -75,10 +75,13 @@ class CommitRegistrar:
             return
         if node is None:
             node = index.handle(run, u - run.first)
-        prev = req.last_snapshot_boundary(boundary)
+        spare = boundary in req.spare
+        prev = req.last_snapshot_boundary(boundary, mark=not spare)
         flops = m.spec.flops.prefill_flops(prev, boundary)
         m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
         m.metrics.snapshots_saved += 1
+        if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
+            m.index.demote_snapshot(node)
 
     def demote_prompt_end(self, req: Request, turn_end: int) -> None:
         """Rank an unused prompt-end snapshot last once the turn-end one is cached.
