@@ -50,7 +50,7 @@ class Request:
         self.slot = -1
         self.draft_slots: list[int] = []
         self.saves: dict[int, int] = {}
-        self.spare: set[int] = set()  # boundaries of saves the spare-interval rule made
+        self.spare: list[int] = []  # boundaries of the spare-interval rule's saves, increasing
         self.rolling_slot = -1
         self.rolling_boundary = -1
         self.pending_rolling: tuple[int, int] | None = None

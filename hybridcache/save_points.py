@@ -8,6 +8,7 @@ Kept apart from :mod:`hybridcache.manager`: the manager's own path calls only
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,6 @@ class SavePointControl:
     arena: Any
     admission: Any
     has_state: bool
-    index: Any
     _get: Callable[[str], Request]
 
     def _spare_saves(self, req: Request, start: int, end: int) -> list[SavePoint]:
@@ -36,7 +36,7 @@ class SavePointControl:
         needs. They are marked on the request (``spare``) so that registration ranks them
         first to evict and leaves them out of the FLOPs the next snapshot is valued by."""
         out: list[SavePoint] = []
-        if not self.has_state or self.index.evictions["kv"] + self.index.evictions["state"]:
+        if not self.has_state:
             return out
         for b in spare_points(self.admission, start, end):
             if b in req.saves or b == req.rolling_boundary:
@@ -45,7 +45,9 @@ class SavePointControl:
             if s is None:
                 break
             req.saves[b] = s
-            req.spare.add(b)
+            i = bisect.bisect_left(req.spare, b)  # kept sorted (a rejected step re-plans)
+            if i == len(req.spare) or req.spare[i] != b:
+                req.spare.insert(i, b)
             out.append(SavePoint(b, s))
         return out
 

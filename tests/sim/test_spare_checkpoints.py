@@ -120,3 +120,31 @@ def test_adaptive_takes_spares_at_its_densest_candidate(kimi):
     spans = [AdmissionPolicy.parse(c.admission, UNIT).interval for c in m.candidates]
     assert m.spare_interval == min(n for n in spans if n)
     assert m.admission.spare_interval == m.spare_interval
+
+
+def _hit_rate(m: HybridCacheManager) -> float:
+    return m.metrics.hit_tokens / m.metrics.prompt_tokens
+
+
+def test_adaptive_gets_dense_hits_while_memory_lasts(kimi):
+    """With memory to spare (nothing is ever evicted) the shadows never compare and the live
+    cache stays on its first candidate; its spare checkpoints must still give it the hits of
+    the dense candidate replayed as a fixed policy (``sglang-extra`` ahead at 16 GiB). Without
+    them (``spare_interval = 0``) it has the first candidate's hits, well below."""
+    from tests.sim.test_adaptive import _branching_requests
+
+    rates = {}
+    for spare in (True, False):
+        m = AdaptiveManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission="adaptive"))
+        if not spare:
+            m.spare_interval = 0
+            m._use(m._rules)
+        _branching_requests(m, 60, 20_000, seed=4)
+        assert not m.index.evictions["kv"] + m.index.evictions["state"]
+        assert len(m.switches) == 1
+        rates[spare] = _hit_rate(m)
+    dense = next(c for c in m.candidates if c.weighting == "recency" and "interval:" in c.admission)
+    fixed = HybridCacheManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission=dense.admission))
+    _branching_requests(fixed, 60, 20_000, seed=4)
+    assert rates[True] >= _hit_rate(fixed) - 0.002, (rates, _hit_rate(fixed))
+    assert rates[False] < _hit_rate(fixed) - 0.02, (rates, _hit_rate(fixed))
