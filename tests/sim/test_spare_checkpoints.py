@@ -148,3 +148,33 @@ def test_adaptive_gets_dense_hits_while_memory_lasts(kimi):
     _branching_requests(fixed, 60, 20_000, seed=4)
     assert rates[True] >= _hit_rate(fixed) - 0.002, (rates, _hit_rate(fixed))
     assert rates[False] < _hit_rate(fixed) - 0.02, (rates, _hit_rate(fixed))
+
+
+def test_a_hit_on_a_spare_checkpoint_equals_a_dense_computation():
+    """Real tensors (the reference model over the arena): a prompt that shares 40 tokens with
+    an earlier one resumes from that one's spare checkpoint at 32 and generates exactly what
+    a cache-free computation does."""
+    import torch
+
+    from hybridcache.adapters.reference import ReferenceModel, Runner, RunnerConfig, model_spec
+    from hybridcache.kernels.storage import ArenaStorage
+    from tests.reference.conftest import TINY
+
+    g = torch.Generator().manual_seed(3)
+    first = torch.randint(0, 128, (70,), generator=g).tolist()
+    second = first[:40] + torch.randint(0, 128, (30,), generator=g).tolist()
+    spec = model_spec(TINY)
+    mgr = HybridCacheManager(spec, 1 << 18, CacheConfig(hash_unit=UNIT, admission="last-token+spare-interval:16"))
+    storage = ArenaStorage(mgr.layout, spec)
+    model = ReferenceModel(TINY)
+    runner = Runner(model, mgr, storage, RunnerConfig(prefill_chunk=24))
+    for rid, prompt in (("a", first), ("b", second)):
+        runner.submit(rid, prompt, 5)
+        while not (done := runner.step()):
+            pass
+        (res,) = done
+        dense = model.logits_full(res.history[:-1])[len(prompt) - 1 :]
+        assert (res.logits - dense).abs().max() < 1e-5
+        assert res.tokens == dense.argmax(-1).tolist()
+    assert res.hit_tokens == 32  # a's spare checkpoint (no other rule saves there)
+    assert runner.stats.copies == 1
