@@ -14,6 +14,10 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
 - ``interval:N``: every N tokens (N a multiple of the hash unit), as SGLang's track interval.
 - ``chunk-end``: the end of every scheduled prefill chunk, where the engine has the state
   for free.
+- ``spare-interval:N``: every N tokens as well, but only into free room (a slot the arena has
+  without evicting anything) and ranked first to evict (:func:`spare_points`): while memory
+  is unused an extra checkpoint costs nothing, and under pressure it goes before any entry
+  the other rules made, so the cache falls back to what they alone would keep.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from hybridcache.errors import UnknownNameError
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
-ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end")
+ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end", "spare-interval")
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,9 @@ class AdmissionPolicy:
     #: Save a snapshot only once the same point was wanted ``min_seen`` times (vLLM's align
     #: mode does not save a prefix seen for the first time). 1 = always.
     min_seen: int = 1
+    #: ``spare-interval:N``: checkpoints every N tokens taken only into free room, ranked
+    #: first to evict (0 = none).
+    spare_interval: int = 0
 
     @classmethod
     def parse(cls, text: str, hash_unit: int) -> AdmissionPolicy:
@@ -48,16 +55,16 @@ class AdmissionPolicy:
         kw: dict[str, object] = {}
         for raw in filter(None, (p.strip() for p in text.split("+"))):
             name, _, arg = raw.partition(":")
-            if name == "interval":
+            if name in ("interval", "spare-interval"):
                 try:
                     n = int(arg)
                 except ValueError:
-                    raise UnknownNameError(f"admission rule {raw!r}: interval needs tokens, e.g. interval:256") from None
+                    raise UnknownNameError(f"admission rule {raw!r}: {name} needs tokens, e.g. {name}:256") from None
                 if n <= 0 or n % hash_unit:
                     raise UnknownNameError(
-                        f"admission rule {raw!r}: interval must be a positive multiple of the hash unit {hash_unit}"
+                        f"admission rule {raw!r}: {name} must be a positive multiple of the hash unit {hash_unit}"
                     )
-                kw["interval"] = n
+                kw[name.replace("-", "_")] = n
             elif name in ("last-token", "turn-end", "branch-point", "chunk-end") and not arg:
                 kw[name.replace("-", "_")] = True
             elif name == "none":
@@ -65,7 +72,7 @@ class AdmissionPolicy:
             else:
                 raise UnknownNameError(
                     f"unknown admission rule {raw!r}; known: {', '.join(ADMISSION_RULES)} "
-                    "(interval takes :TOKENS; combine with '+', or 'none')"
+                    "(interval and spare-interval take :TOKENS; combine with '+', or 'none')"
                 )
         return cls(**kw)  # type: ignore[arg-type]
 
@@ -100,3 +107,17 @@ def admission_points(
         if b > start and b > last_in_prompt:
             out.append((b, True))
     return out
+
+
+def spare_points(policy: AdmissionPolicy, start: int, end: int) -> range:
+    """Boundaries in ``(start, end]`` of the ``spare-interval`` rule (empty without it).
+
+    They are wishes, not plans: the manager serves one only while the arena has a free slot
+    (it never evicts for one) and ranks what it registers first to evict, so they are not
+    part of :func:`admission_points` (an engine counting the slots a step needs must not
+    count them).
+    """
+    n = policy.spare_interval
+    if not n:
+        return range(0)
+    return range((start // n + 1) * n, end + 1, n)

@@ -410,7 +410,7 @@ class HybridCacheManager(SavePointControl):
                 continue
             req.saves[b] = s
             out.append(SavePoint(b, s))
-        return tuple(out)
+        return tuple(out + self._spare_saves(req, start, end))
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
         u = boundary // self.unit - 1

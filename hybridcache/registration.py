@@ -8,6 +8,7 @@ arena, metrics, config: the adaptive manager swaps the config) through the manag
 
 from __future__ import annotations
 
+import bisect
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,10 +78,16 @@ class CommitRegistrar:
             return
         if node is None:
             node = index.handle(run, u - run.first)
-        prev = req.last_snapshot_boundary(boundary)
+        i = bisect.bisect_left(req.spare, boundary)  # spare boundaries, in increasing order
+        spare = i < len(req.spare) and req.spare[i] == boundary
+        prev = req.last_snapshot_boundary(boundary, mark=not spare)
+        if spare and i:  # valued from the spare below it: what it saves beyond its neighbours
+            prev = max(prev, req.spare[i - 1])
         flops = m.spec.flops.prefill_flops(prev, boundary)
         m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
         m.metrics.snapshots_saved += 1
+        if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
+            m.index.demote_snapshot(node)
 
     def demote_prompt_end(self, req: Request, turn_end: int) -> None:
         """Rank an unused prompt-end snapshot last once the turn-end one is cached.

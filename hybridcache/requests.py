@@ -28,7 +28,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
-        "slide",
+        "slide", "spare",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -50,6 +50,7 @@ class Request:
         self.slot = -1
         self.draft_slots: list[int] = []
         self.saves: dict[int, int] = {}
+        self.spare: list[int] = []  # boundaries of the spare-interval rule's saves, increasing
         self.rolling_slot = -1
         self.rolling_boundary = -1
         self.pending_rolling: tuple[int, int] | None = None
@@ -92,12 +93,13 @@ class Request:
                 return run
         return None
 
-    def last_snapshot_boundary(self, boundary: int) -> int:
-        """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs)."""
+    def last_snapshot_boundary(self, boundary: int, *, mark: bool = True) -> int:
+        """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs);
+        ``mark``: record ``boundary`` as one (spare checkpoints are not: they go first)."""
         marks = self.snap_marks
         i = bisect.bisect_left(marks, boundary)
         best = max(self.hit_tokens if self.hit_tokens < boundary else 0, marks[i - 1] if i else 0)
-        if i == len(marks) or marks[i] != boundary:
+        if mark and (i == len(marks) or marks[i] != boundary):
             marks.insert(i, boundary)
         return best
 

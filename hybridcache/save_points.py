@@ -1,16 +1,20 @@
-"""Save points an engine serves in place: for engines whose kernels write a step's final state
-into the running slot (vLLM's Mamba layers) instead of copying it to a save slot.
+"""Save points beside the admission rules' own: those an engine serves in place (for engines
+whose kernels write a step's final state into the running slot, vLLM's Mamba layers, instead
+of copying it to a save slot) and the spare checkpoints of the ``spare-interval`` rule.
 
-Kept apart from :mod:`hybridcache.manager`: the manager's own path never needs these; the vLLM
-adapter does (see ``docs/vllm.md``).
+Kept apart from :mod:`hybridcache.manager`: the manager's own path calls only
+:meth:`SavePointControl._spare_saves`; the vLLM adapter uses the rest (see ``docs/vllm.md``).
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from hybridcache.admission import spare_points
 from hybridcache.errors import InvalidRequestError
+from hybridcache.plans import SavePoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
@@ -21,7 +25,31 @@ class SavePointControl:
 
     # Provided by the manager.
     arena: Any
+    admission: Any
+    has_state: bool
     _get: Callable[[str], Request]
+
+    def _spare_saves(self, req: Request, start: int, end: int) -> list[SavePoint]:
+        """Save points of the ``spare-interval`` rule in ``(start, end]``, each only while the
+        arena has a free slot (``Arena.alloc_slot`` never evicts): called after the step's
+        pages and its own save points are allocated, so a spare one never takes room the step
+        needs. They are marked on the request (``spare``) so that registration ranks them
+        first to evict and leaves them out of the FLOPs the next snapshot is valued by."""
+        out: list[SavePoint] = []
+        if not self.has_state:
+            return out
+        for b in spare_points(self.admission, start, end):
+            if b in req.saves or b == req.rolling_boundary:
+                continue
+            s = self.arena.alloc_slot()
+            if s is None:
+                break
+            req.saves[b] = s
+            i = bisect.bisect_left(req.spare, b)  # kept sorted (a rejected step re-plans)
+            if i == len(req.spare) or req.spare[i] != b:
+                req.spare.insert(i, b)
+            out.append(SavePoint(b, s))
+        return out
 
     def save_in_running_slot(self, request_id: str, boundary: int) -> int:
         """Serve a save point without a copy: the state at ``boundary`` will be left in the
