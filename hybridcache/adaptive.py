@@ -42,6 +42,7 @@ What it costs: while the shadows run, every sampled request is replayed once per
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -229,6 +230,9 @@ class AdaptiveManager(HybridCacheManager):
         self.running = True
         self.shadow_units = 0
         self.live_units = 0
+        #: CPU seconds spent replaying requests into the shadows (``adaptive_stats``): what
+        #: the shadows cost in time, apart from the live cache's own work.
+        self.shadow_seconds = 0.0
         self.shadows: list[ShadowCache] = []
         self._build_shadows()
 
@@ -309,7 +313,9 @@ class AdaptiveManager(HybridCacheManager):
             cost = work * len(self.shadows)
             self._credit -= cost
             self.shadow_units += cost
+            t0 = time.process_time()
             self._observe(digests, prompt_len, total, tenant)
+            self.shadow_seconds += time.process_time() - t0
             if self._credit < 0 and not exploring:
                 self.running = False
         if self.finished - self._checked_finished >= FAMILY_CHECK_EVERY:
@@ -412,6 +418,7 @@ class AdaptiveManager(HybridCacheManager):
             "running": self.running,
             "exploring": self._pressured < EXPLORE_PAIRS,
             "overhead_units": self.shadow_units / self.live_units if self.live_units else 0.0,
+            "shadow_seconds": self.shadow_seconds,
             "switches": list(self.switches),
             "sampled": self.sampled,
             "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,

@@ -36,8 +36,8 @@ class SavePointControl:
         needs. They are marked on the request (``spare``) so that registration ranks them
         first to evict and leaves them out of the FLOPs the next snapshot is valued by."""
         out: list[SavePoint] = []
-        if not self.has_state:
-            return out
+        if not self.has_state or not self.arena.may_have_slot():
+            return out  # no free room: every alloc_slot below would refuse (most steps under pressure)
         for b in spare_points(self.admission, start, end):
             if b in req.saves or b == req.rolling_boundary:
                 continue
