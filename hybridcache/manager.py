@@ -410,7 +410,9 @@ class HybridCacheManager(SavePointControl):
                 continue
             req.saves[b] = s
             out.append(SavePoint(b, s))
-        return tuple(out + self._spare_saves(req, start, end))
+        if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
+            out += self._spare_saves(req, start, end)
+        return tuple(out)
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
         u = boundary // self.unit - 1

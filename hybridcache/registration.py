@@ -78,8 +78,9 @@ class CommitRegistrar:
             return
         if node is None:
             node = index.handle(run, u - run.first)
-        i = bisect.bisect_left(req.spare, boundary)  # spare boundaries, in increasing order
-        spare = i < len(req.spare) and req.spare[i] == boundary
+        spares = req.spare  # spare boundaries, in increasing order (empty without the rule)
+        i = bisect.bisect_left(spares, boundary) if spares else 0
+        spare = i < len(spares) and spares[i] == boundary
         prev = req.last_snapshot_boundary(boundary, mark=not spare)
         if spare and i:  # valued from the spare below it: what it saves beyond its neighbours
             prev = max(prev, req.spare[i - 1])
