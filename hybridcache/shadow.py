@@ -225,6 +225,7 @@ class ShadowCache:
         hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant)
         hasher.digests = list(digests[: prompt_len // mgr.unit])
         hasher.num_tokens = prompt_len
+        hasher.token_bytes = None  # digests taken, not hashed from tokens (as TokenHasher.adopt)
         req = Request(rid, hasher, tenant, prompt_len)
         mgr.requests[rid] = req
         return req

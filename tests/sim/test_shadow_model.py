@@ -87,6 +87,9 @@ def test_fast_replay_decides_as_the_full_manager(kimi, kind, seed, gib):
     assert fast.score == pytest.approx(full.score) and fast.saved == full.saved
     ev = fast.mgr.index.evictions
     assert fast.hit_tokens and ev["kv"] + ev["state"], "the stream must hit and evict to compare anything"
+    # The fast path takes digests without tokens: its runs must keep no token bytes (an
+    # empty hasher's bytes once made every shadow run claim tokens it did not have).
+    fast.mgr.check_invariants()
 
 
 def test_the_comparison_catches_a_replay_that_drops_outputs(kimi):
