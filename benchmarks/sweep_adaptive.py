@@ -21,7 +21,11 @@ from hybridcache.sim.generate import generate
 from hybridcache.sim.runner import sweep
 from hybridcache.sim.traces import Trace, read_trace
 
-POLICIES = ["hybridcache", "hybridcache-adaptive", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only"]
+#: ``vllm-native-best`` is vLLM's own manager at its strongest setting (prefix_match_unit 16,
+#: retention None, its own chunk splits; needs vLLM installed): the peer at its strongest
+#: belongs among the "best other" policies, beside ``vllm-align`` (its default's emulation).
+POLICIES = ["hybridcache", "hybridcache-adaptive", "vllm-align", "vllm-native-best", "sglang", "sglang-extra",
+            "marconi", "kv-only"]
 MOONCAKE = "/work/shared/traces/mooncake_synthetic_trace.jsonl"
 TOLERANCE = 0.002
 
