@@ -325,12 +325,13 @@ class AdaptiveManager(HybridCacheManager):
         self.sampled += 1
         decay = math.exp(-prompt_len * self._decay_per_token)
         digests = list(digests)
+        prompt = digests[: prompt_len // self.unit]  # shared by the shadows (only read)
         for s in self.shadows:
             if s.host is not None and total >= s.fork_at:
                 s.fork()
         for s in self.shadows:
             if s.host is None:
-                s.feed(digests, prompt_len, total, tenant, decay)
+                s.feed(digests, prompt_len, total, tenant, decay, prompt)
         for s in self.shadows:
             if s.host is not None:
                 s.mirror(prompt_len, decay)

@@ -254,15 +254,31 @@ class HybridCacheManager(SavePointControl):
             InvalidRequestError: bad counts or lengths (nothing changed).
             OutOfSpaceError: not enough evictable memory (nothing changed).
         """
-        req, first, hit, start, end, page_units, slots, fits, num_new_tokens, num_draft = (
-            self._count_step(request_id, num_new_tokens, num_draft)
-        )
-        coord = self.coordinator
-        if not fits:
+        step = self._count_step(request_id, num_new_tokens, num_draft)
+        if not step.fits:
             raise OutOfSpaceError(
-                f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
+                f"request {request_id!r}: {step.page_units} units of KV pages and {step.slots} state "
                 "slots do not fit, even after evicting every cached entry no request holds"
             )
+        req = step.req
+        copies, drafts, saves, block_table = self._take(step, True)
+        # Positional, in field order (start, num_tokens, block_table, running_slot,
+        # init_state, state_copies, save_points, draft_slots, hit_tokens): half the time
+        # of keywords for a named tuple made on every step.
+        init_state = step.first and req.restore is None
+        return Allocation(step.start, step.num_new_tokens, block_table, req.slot, init_state, copies, saves, drafts,
+                          req.hit_tokens)
+
+    def _take(self, step: _Step, tables: bool) -> tuple[CopyPlan, tuple[int, ...], tuple[SavePoint, ...], dict]:
+        """Take what a counted step that fits needs: the hit, slots, pages, save points.
+
+        Returns ``(copies, drafts, saves, block_table)``; the block table (a copy of the
+        request's page tables) only if ``tables``, else empty: a shadow's replay
+        (:mod:`hybridcache.shadow`) takes the step and reads none of what it returns.
+        """
+        req, first, hit, start, end = step.req, step.first, step.hit, step.start, step.end
+        num_draft = step.num_draft
+        coord = self.coordinator
         if hit is not None:
             self._begin(req, hit)
         undo = _Undo()
@@ -281,25 +297,24 @@ class HybridCacheManager(SavePointControl):
             raise
         for table, pages in zip(req.pages, new_pages):
             table.extend(pages)
-        groups = self.groups
-        if len(groups) == 1:  # the usual model: one full-attention group, no comprehension
-            block_table = {groups[0]: req.pages[0][:]}
-        else:
-            block_table = {g: list(t) for g, t in zip(groups, req.pages)}
+        block_table: dict = {}
+        if tables:
+            groups = self.groups
+            if len(groups) == 1:  # the usual model: one full-attention group, no comprehension
+                block_table = {groups[0]: req.pages[0][:]}
+            else:
+                block_table = {g: list(t) for g, t in zip(groups, req.pages)}
         if coord is not None:
             coord.extend(req, slide_new)  # type: ignore[arg-type]
-            block_table.update(coord.tables(req))
+            if tables:
+                block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.draft_slots = list(drafts)
         req.step_start = start
         with self.index.slot_batch():
             saves = self._schedule_saves(req, start, end)
-        # Positional, in field order (start, num_tokens, block_table, running_slot,
-        # init_state, state_copies, save_points, draft_slots, hit_tokens): half the time
-        # of keywords for a named tuple made on every step.
-        init_state = first and req.restore is None
-        return Allocation(start, num_new_tokens, block_table, req.slot, init_state, copies, saves, drafts, req.hit_tokens)
+        return copies, drafts, saves, block_table
 
     def _hit(self, req: Request) -> _Hit:
         """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
@@ -449,6 +464,10 @@ class HybridCacheManager(SavePointControl):
             )
         if req.draft_slots:
             raise InvalidRequestError(f"request {request_id!r}: accept() the drafts before commit")
+        self._commit(req, n)
+
+    def _commit(self, req: Request, n: int) -> None:
+        """:meth:`commit` of a checked count (a shadow's replay calls it directly)."""
         self.tick += 1
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
@@ -540,6 +559,10 @@ class HybridCacheManager(SavePointControl):
             raise validation.unhashable_request_id(request_id) from None
         if req is None:
             raise InvalidRequestError(f"free of unknown request {request_id!r}")
+        self._release(req, finished)
+
+    def _release(self, req: Request, finished: bool) -> None:
+        """:meth:`free` of a request already taken out of ``requests``."""
         self.tick += 1
         if req.allocated and not req.counted and req.num_computed > req.hit_tokens:
             self._count_request(req)
