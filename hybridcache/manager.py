@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from hybridcache import validation
-from hybridcache.admission import AdmissionPolicy, admission_points
+from hybridcache.admission import AdmissionPolicy
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.config import CacheConfig
 from hybridcache.coordinator import build_coordinator
@@ -388,57 +388,6 @@ class HybridCacheManager(SavePointControl):
         if slide is None:
             raise OutOfSpaceError("no KV page can be freed: every page is in use")
         return new, slide
-
-    def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
-        if not self.has_state:
-            return ()  # no state: no save point, whatever admission wants
-        wanted = admission_points(self.admission, req, start, end, self.unit)
-        out: list[SavePoint] = []
-        for b, rolling in wanted:
-            if b in req.saves:
-                continue
-            if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
-                continue
-            if rolling and req.draft_slots:
-                # Inside a speculative step the boundary may be rejected: write it to a
-                # fresh slot so the last accepted turn-end state survives until accept().
-                s = self.index.alloc_slot()
-                if s is None:
-                    self.metrics.snapshots_skipped += 1
-                    continue
-                req.pending_rolling = (b, s)
-                out.append(SavePoint(b, s))
-                continue
-            if rolling:
-                if req.rolling_slot < 0:
-                    s = self.index.alloc_slot()
-                    if s is None:
-                        self.metrics.snapshots_skipped += 1
-                        continue
-                    req.rolling_slot = s
-                req.rolling_boundary = b
-                out.append(SavePoint(b, req.rolling_slot))
-                continue
-            s = self.index.alloc_slot()
-            if s is None:
-                self.metrics.snapshots_skipped += 1
-                continue
-            req.saves[b] = s
-            out.append(SavePoint(b, s))
-        if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
-            out += self._spare_saves(req, start, end)
-        return tuple(out)
-
-    def _seen_enough(self, req: Request, boundary: int) -> bool:
-        u = boundary // self.unit - 1
-        if u >= len(req.hasher.digests):
-            return False  # decode tokens not known yet: new content, never seen before
-        d = req.hasher.digests[u]
-        n = self._seen.get(d, 0) + 1
-        if len(self._seen) > 1_000_000:
-            self._seen.clear()
-        self._seen[d] = n
-        return n >= self.admission.min_seen
 
     # ------------------------------------------------------------------ commit / accept
     def commit(self, request_id: str, num_computed_tokens: int) -> None:

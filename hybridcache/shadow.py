@@ -25,7 +25,6 @@ import math
 from collections.abc import Sequence
 
 from hybridcache.config import CacheConfig
-from hybridcache.hashing import TokenHasher
 from hybridcache.requests import Request
 from hybridcache.spec import ModelSpec
 from hybridcache.step import _Step
@@ -116,6 +115,24 @@ class PairedDifference:
         if var <= mean * mean * 1e-12:
             return math.inf
         return mean / math.sqrt(var * self.w2 / (self.w * self.w))
+
+
+class _Taken:
+    """A replayed request's hasher: the digests it was given, nothing to hash with.
+
+    The manager reads a request's hasher for its ``digests``, ``num_tokens`` and
+    ``token_bytes`` (``None``: digests taken, not hashed from tokens, as after
+    :meth:`TokenHasher.adopt <hybridcache.hashing.TokenHasher.adopt>`); only
+    ``append_tokens`` hashes with it, and a replay never appends. A :class:`TokenHasher`
+    per replayed request checked the tenant and looked up its root digest for nothing.
+    """
+
+    __slots__ = ("digests", "num_tokens", "token_bytes")
+
+    def __init__(self, digests: list[bytes], num_tokens: int) -> None:
+        self.digests = digests
+        self.num_tokens = num_tokens
+        self.token_bytes = None
 
 
 class ShadowCache:
@@ -242,14 +259,8 @@ class ShadowCache:
         ``tests/sim/test_shadow_model.py`` replays random streams both ways and compares
         every hit and every eviction. ``digests``: the prompt's (taken as they are, not
         copied: nothing changes a request's digest list in place)."""
-        mgr = self.mgr
-        cfg = mgr.config
-        hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant)
-        hasher.digests = digests
-        hasher.num_tokens = prompt_len
-        hasher.token_bytes = None  # digests taken, not hashed from tokens (as TokenHasher.adopt)
-        req = Request(rid, hasher, tenant, prompt_len)
-        mgr.requests[rid] = req
+        req = Request(rid, _Taken(digests, prompt_len), tenant, prompt_len)  # type: ignore[arg-type]
+        self.mgr.requests[rid] = req
         return req
 
     def _count(self, hit: int, prompt: int, decay: float) -> None:
