@@ -305,6 +305,27 @@ class RunValueQueue:
         self._clean()
         return self._heap[0][0] if self._heap else None
 
+    def stranded_top(self) -> Run | None:
+        """The run whose tail is the queue's top entry if that tail is stranded KV ranked at
+        the clock (rank ``(clock, 0)``: only a stranded tail gets release number 0 at the
+        clock's value), else None (the heap cleaned as :meth:`peek` cleans it)."""
+        self._clean()
+        if not self._heap:
+            return None
+        prio, order, _, run = self._heap[0]
+        return run if order == 0 and prio == self._clock.value and self.stranded is not None else None
+
+    def offered_at_or_below(self, run: Run) -> bool:
+        """Whether :meth:`first` would return an offered unit before ``run``'s queued tail
+        (the candidates cleaned as :meth:`first` cleans them; units still to be offered,
+        ``_rescan``, count as such: they are offered first)."""
+        if self._rescan:
+            return True
+        cands = self._cands
+        while cands and not self._valid_cand(cands[0]):
+            heapq.heappop(cands)
+        return bool(cands) and (cands[0][0], cands[0][1]) <= (run.qprio, 0)
+
     def first(self, pred: PagesPred, aside: list) -> tuple[float, UnitHandle] | None:
         """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
 
