@@ -107,6 +107,11 @@ CASES = [
     (True, "value", "interval:8+turn-end", 10),
     (True, "value", "interval:8+turn-end", 16),
     (True, "value", "adaptive", 10),
+    # Larger caches: slot allocations set runs aside and offer their inner units, which the
+    # stranded-turn path must let go first (Evictor._stranded_victim; without that check
+    # these cases diverge).
+    (True, "value", "last-token+turn-end+branch-point", 16),
+    (True, "value", "interval:8+turn-end", 24),
     (False, "value", "interval:8+turn-end", 24),
 ]
 
