@@ -16,6 +16,11 @@ unit after another, the stretch goes as one range (``_drop_tail_range``): the qu
 out how far the same single choices reach, and the index removes the units at once, with
 the same pages freed in the same order and the same ``removed`` events.
 
+Stranded KV (past the last snapshot on its path) ranks at the clock, every such tail alike,
+so in a cache full of it equal ranks go in queue order, one unit per run in turn, and each
+range stops after one unit. There the victim is read off the KV queue's top without the
+chooser's round trip (``_stranded_victim``: the same rules, the same victim).
+
 A slab is unpinned when all its pages are registered (no request's private page: the
 index's per-block registered count equals the arena's used count) and none lies in a held
 run prefix. The pinned blocks are worked out from the held runs' block segments only when a
