@@ -51,7 +51,7 @@ from hybridcache.config import CacheConfig
 from hybridcache.errors import ConfigError, UnknownNameError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import WEIGHTINGS
-from hybridcache.shadow import ChainKeys, PairedDifference, ShadowCache, sample_key
+from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.spec import ModelSpec
 
 ADAPTIVE = "adaptive"
@@ -299,15 +299,20 @@ class AdaptiveManager(HybridCacheManager):
         the budget allows, and check the sample's families now and then."""
         self.finished += 1
         key = self.keys.key(digests)
-        if len(self._keys_seen) < MAX_COUNTED_FAMILIES:
-            self._keys_seen.add(key)
+        seen = self._keys_seen
+        if len(seen) < MAX_COUNTED_FAMILIES:
+            seen.add(key)
         work = len(digests) + 1
         self.live_units += work
-        self._credit = min(self._burst, self._credit + OVERHEAD_BUDGET * work)
-        if not self.running and self._credit >= self._burst / 2:
+        # Runs for every finished request: min() and sample_key() written out (same values).
+        credit, burst = self._credit + OVERHEAD_BUDGET * work, self._burst
+        if credit >= burst:
+            credit = burst
+        self._credit = credit
+        if not self.running and credit >= burst / 2:
             self.running = True
         exploring = self._pressured < EXPLORE_PAIRS
-        if (self.running or exploring) and sample_key(key) < self.rate:
+        if (self.running or exploring) and int.from_bytes(key[:8], "little") / KEY_SPACE < self.rate:
             if len(self._families) < MIN_FAMILIES:
                 self._families.add(key)
             cost = work * len(self.shadows)
@@ -325,12 +330,13 @@ class AdaptiveManager(HybridCacheManager):
         self.sampled += 1
         decay = math.exp(-prompt_len * self._decay_per_token)
         digests = list(digests)
+        prompt = digests[: prompt_len // self.unit]  # shared by the shadows (only read)
         for s in self.shadows:
             if s.host is not None and total >= s.fork_at:
                 s.fork()
         for s in self.shadows:
             if s.host is None:
-                s.feed(digests, prompt_len, total, tenant, decay)
+                s.feed(digests, prompt_len, total, tenant, decay, prompt)
         for s in self.shadows:
             if s.host is not None:
                 s.mirror(prompt_len, decay)

@@ -16,6 +16,11 @@ unit after another, the stretch goes as one range (``_drop_tail_range``): the qu
 out how far the same single choices reach, and the index removes the units at once, with
 the same pages freed in the same order and the same ``removed`` events.
 
+Stranded KV (past the last snapshot on its path) ranks at the clock, every such tail alike,
+so in a cache full of it equal ranks go in queue order, one unit per run in turn, and each
+range stops after one unit. There the victim is read off the KV queue's top without the
+chooser's round trip (``_stranded_victim``: the same rules, the same victim).
+
 A slab is unpinned when all its pages are registered (no request's private page: the
 index's per-block registered count equals the arena's used count) and none lies in a held
 run prefix. The pinned blocks are worked out from the held runs' block segments only when a
@@ -38,7 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.arena import Arena
     from hybridcache.index import PrefixIndex, UnitHandle
     from hybridcache.policies import PolicyParts
-    from hybridcache.runs import PagesPred
+    from hybridcache.runs import PagesPred, Run
 
 
 class SlotBatch:
@@ -119,6 +124,8 @@ class Evictor:
         self.tail_ranges = type(self.chooser) is LowestFirst and hasattr(self.kv_q, "tail_range")
         #: KV units evicted in ranges of more than one unit (how often the range path runs).
         self.range_units = 0
+        #: Victims taken without asking the chooser (``_stranded_victim``: how often that runs).
+        self.stranded_turns = 0
 
     def in_unpinned_slab(self, pages: tuple[int, ...]) -> bool:
         """Evicting a KV unit with these pages brings a free block closer: one of its slabs
@@ -193,6 +200,11 @@ class Evictor:
         run = node.run
         if run is None or node.depth - run.first != len(run.digests) - 1:
             return False
+        return self._drop_run_tail(run, pred)
+
+    def _drop_run_tail(self, run: Run, pred: PagesPred | None) -> bool:
+        """:meth:`_drop_tail_range` of ``run``'s tail (the victim). One unit goes as
+        :meth:`PrefixIndex.evict_tail_range` of one, which is ``evict_kv`` of the tail."""
         used, ppb = self.arena.used_per_block, self._ppb
         left: dict[int, int] = {}
 
@@ -209,11 +221,9 @@ class Evictor:
         k = self.kv_q.tail_range(run, pred, None if top is None else top[0], empties_block)
         if not k:
             return False
-        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
-            self._evict_kv(node)
-            return True
         self._index.evict_tail_range(run, k)
-        self.range_units += k
+        if k > 1:
+            self.range_units += k
         return True
 
     def alloc_page(self) -> int | None:
@@ -225,6 +235,8 @@ class Evictor:
         """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
         out = self.arena.alloc_pages(n)
         while len(out) < n:
+            if self._stranded_turns(out, n):
+                continue
             choice = self.chooser.choose(None, [])  # evict_one, with a tail range
             if choice is None:
                 if not self._evict_sliding():
@@ -254,6 +266,12 @@ class Evictor:
         run = node.run
         if run is None or len(run.pages) != 1 or node.depth - run.first != len(run.digests) - 1:
             return None
+        return self._take_run_tail(run, want)
+
+    def _take_run_tail(self, run: Run, want: int) -> list[int] | None:
+        """:meth:`_take_tail_pages` of ``run``'s tail (the victim; one attention group). One
+        unit goes as :meth:`PrefixIndex.evict_tail_range` of one, its page handed over: what
+        freeing it and taking a page does in an arena with no other free page."""
         used, ppb = self.arena.used_per_block, self._ppb
         if used[run.pages[0][-1] // ppb] < 2:
             return None
@@ -274,11 +292,50 @@ class Evictor:
         k = self.kv_q.tail_range(run, keeps_slab, None if top is None else top[0], enough, offers=False)
         if not k:
             return None
-        if k == 1:  # the queue saw the victim go (as evicted() would): drop it singly
-            self._evict_kv(node)
-            return self.arena.alloc_pages(want)  # its page (the single way's next take)
-        self.range_units += k
+        if k > 1:
+            self.range_units += k
         return self._index.evict_tail_range(run, k, keep_pages=True)
+
+    def _stranded_turns(self, out: list[int], n: int) -> bool:
+        """Take pages for ``out`` (up to ``n``) from stranded run tails at the clock while
+        each is the victim the chooser would take next, without asking the chooser; False
+        when the first one is not (nothing changed).
+
+        KV past the last snapshot ranks at the clock, all such tails alike, so equal ranks
+        go in queue order: a page allocation in a cache full of stranded runs takes one
+        unit from each in turn (the next unit of a run ranks with the others again), and
+        every range (:meth:`_take_run_tail`) stops after one unit. The chooser's round trip
+        per unit (both queues' tops, a handle made for the victim and dropped with it) is
+        most of such a turn; here the victim is known from the KV queue's top alone
+        (:meth:`_stranded_victim`) and taken as the chooser's would be."""
+        if not self.tail_ranges or self._index.sliding:
+            return False
+        took = False
+        while len(out) < n:
+            run = self._stranded_victim(None)
+            got = self._take_run_tail(run, n - len(out)) if run is not None else None
+            if not got:
+                break
+            out += got
+            took = True
+            self.stranded_turns += 1
+        return took
+
+    def _stranded_victim(self, pred: PagesPred | None) -> Run | None:
+        """The run whose tail the chooser takes next if that tail is stranded KV at the clock
+        (one attention group), else None; ``pred``: a slot allocation's filter, with which
+        the chooser also weighs :meth:`RunValueQueue.first`'s offered units (ties go to them)
+        and takes only a tail that satisfies it."""
+        q = self.kv_q
+        run = q.stranded_top()
+        if run is None or len(run.pages) != 1:
+            return None
+        if pred is not None and (q.offered_at_or_below(run) or not pred((run.pages[0][-1],))):
+            return None
+        top = self.snap_q.peek()
+        if top is not None and top[0] < run.qprio:
+            return None
+        return run
 
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted
@@ -296,7 +353,14 @@ class Evictor:
         aside: list = self._aside if batch else []  # type: ignore[assignment]
         try:
             arena, choose = self.arena, self.chooser.choose
+            turns = self.tail_ranges and not self._index.sliding
             while s is None:
+                run = self._stranded_victim(pred) if turns else None
+                if run is not None and self._drop_run_tail(run, pred):  # as _stranded_turns
+                    self.stranded_turns += 1
+                    if arena.may_have_slot():
+                        s = arena.alloc_slot()
+                    continue
                 choice = choose(pred, aside)
                 if choice is None:
                     if self._evict_sliding(pred):

@@ -434,7 +434,10 @@ class PrefixIndex(ChainWalks):
                 reg[p // ppb] -= 1
                 freed.append(p)
         if not keep_pages:
-            self.arena.free_pages(freed)
+            if k == 1 and len(freed) == 1:  # one unit (a stranded tail's turn): no batch checks
+                self.arena.free_page(freed[0])
+            else:
+                self.arena.free_pages(freed)
         nbytes = self.node_kv_bytes
         self.evictions["kv"] += k
         self.evicted_bytes["kv"] += k * nbytes
@@ -456,7 +459,10 @@ class PrefixIndex(ChainWalks):
                         del handles[d]
                     else:
                         bare[d] = node
-        pop_tail_range(run, k)
+        if k == 1:
+            pop_tail(run)  # what pop_tail_range(run, 1) does, without its folds
+        else:
+            pop_tail_range(run, k)
         self.kv_q.run_changed(run)
         return freed
 

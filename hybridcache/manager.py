@@ -28,7 +28,7 @@ from dataclasses import replace
 import numpy as np
 
 from hybridcache import validation
-from hybridcache.admission import AdmissionPolicy, admission_points
+from hybridcache.admission import AdmissionPolicy
 from hybridcache.arena import Arena, ArenaLayout, plan_layout
 from hybridcache.config import CacheConfig
 from hybridcache.coordinator import build_coordinator
@@ -254,15 +254,31 @@ class HybridCacheManager(SavePointControl):
             InvalidRequestError: bad counts or lengths (nothing changed).
             OutOfSpaceError: not enough evictable memory (nothing changed).
         """
-        req, first, hit, start, end, page_units, slots, fits, num_new_tokens, num_draft = (
-            self._count_step(request_id, num_new_tokens, num_draft)
-        )
-        coord = self.coordinator
-        if not fits:
+        step = self._count_step(request_id, num_new_tokens, num_draft)
+        if not step.fits:
             raise OutOfSpaceError(
-                f"request {request_id!r}: {page_units} units of KV pages and {slots} state "
+                f"request {request_id!r}: {step.page_units} units of KV pages and {step.slots} state "
                 "slots do not fit, even after evicting every cached entry no request holds"
             )
+        req = step.req
+        copies, drafts, saves, block_table = self._take(step, True)
+        # Positional, in field order (start, num_tokens, block_table, running_slot,
+        # init_state, state_copies, save_points, draft_slots, hit_tokens): half the time
+        # of keywords for a named tuple made on every step.
+        init_state = step.first and req.restore is None
+        return Allocation(step.start, step.num_new_tokens, block_table, req.slot, init_state, copies, saves, drafts,
+                          req.hit_tokens)
+
+    def _take(self, step: _Step, tables: bool) -> tuple[CopyPlan, tuple[int, ...], tuple[SavePoint, ...], dict]:
+        """Take what a counted step that fits needs: the hit, slots, pages, save points.
+
+        Returns ``(copies, drafts, saves, block_table)``; the block table (a copy of the
+        request's page tables) only if ``tables``, else empty: a shadow's replay
+        (:mod:`hybridcache.shadow`) takes the step and reads none of what it returns.
+        """
+        req, first, hit, start, end = step.req, step.first, step.hit, step.start, step.end
+        num_draft = step.num_draft
+        coord = self.coordinator
         if hit is not None:
             self._begin(req, hit)
         undo = _Undo()
@@ -281,25 +297,24 @@ class HybridCacheManager(SavePointControl):
             raise
         for table, pages in zip(req.pages, new_pages):
             table.extend(pages)
-        groups = self.groups
-        if len(groups) == 1:  # the usual model: one full-attention group, no comprehension
-            block_table = {groups[0]: req.pages[0][:]}
-        else:
-            block_table = {g: list(t) for g, t in zip(groups, req.pages)}
+        block_table: dict = {}
+        if tables:
+            groups = self.groups
+            if len(groups) == 1:  # the usual model: one full-attention group, no comprehension
+                block_table = {groups[0]: req.pages[0][:]}
+            else:
+                block_table = {g: list(t) for g, t in zip(groups, req.pages)}
         if coord is not None:
             coord.extend(req, slide_new)  # type: ignore[arg-type]
-            block_table.update(coord.tables(req))
+            if tables:
+                block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.draft_slots = list(drafts)
         req.step_start = start
         with self.index.slot_batch():
             saves = self._schedule_saves(req, start, end)
-        # Positional, in field order (start, num_tokens, block_table, running_slot,
-        # init_state, state_copies, save_points, draft_slots, hit_tokens): half the time
-        # of keywords for a named tuple made on every step.
-        init_state = first and req.restore is None
-        return Allocation(start, num_new_tokens, block_table, req.slot, init_state, copies, saves, drafts, req.hit_tokens)
+        return copies, drafts, saves, block_table
 
     def _hit(self, req: Request) -> _Hit:
         """What a first allocation would hold: the match, cut to a usable hit (read-only)."""
@@ -374,57 +389,6 @@ class HybridCacheManager(SavePointControl):
             raise OutOfSpaceError("no KV page can be freed: every page is in use")
         return new, slide
 
-    def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
-        if not self.has_state:
-            return ()  # no state: no save point, whatever admission wants
-        wanted = admission_points(self.admission, req, start, end, self.unit)
-        out: list[SavePoint] = []
-        for b, rolling in wanted:
-            if b in req.saves:
-                continue
-            if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
-                continue
-            if rolling and req.draft_slots:
-                # Inside a speculative step the boundary may be rejected: write it to a
-                # fresh slot so the last accepted turn-end state survives until accept().
-                s = self.index.alloc_slot()
-                if s is None:
-                    self.metrics.snapshots_skipped += 1
-                    continue
-                req.pending_rolling = (b, s)
-                out.append(SavePoint(b, s))
-                continue
-            if rolling:
-                if req.rolling_slot < 0:
-                    s = self.index.alloc_slot()
-                    if s is None:
-                        self.metrics.snapshots_skipped += 1
-                        continue
-                    req.rolling_slot = s
-                req.rolling_boundary = b
-                out.append(SavePoint(b, req.rolling_slot))
-                continue
-            s = self.index.alloc_slot()
-            if s is None:
-                self.metrics.snapshots_skipped += 1
-                continue
-            req.saves[b] = s
-            out.append(SavePoint(b, s))
-        if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
-            out += self._spare_saves(req, start, end)
-        return tuple(out)
-
-    def _seen_enough(self, req: Request, boundary: int) -> bool:
-        u = boundary // self.unit - 1
-        if u >= len(req.hasher.digests):
-            return False  # decode tokens not known yet: new content, never seen before
-        d = req.hasher.digests[u]
-        n = self._seen.get(d, 0) + 1
-        if len(self._seen) > 1_000_000:
-            self._seen.clear()
-        self._seen[d] = n
-        return n >= self.admission.min_seen
-
     # ------------------------------------------------------------------ commit / accept
     def commit(self, request_id: str, num_computed_tokens: int) -> None:
         """Tokens ``[0, num_computed_tokens)`` are computed: register full units and snapshots.
@@ -449,6 +413,10 @@ class HybridCacheManager(SavePointControl):
             )
         if req.draft_slots:
             raise InvalidRequestError(f"request {request_id!r}: accept() the drafts before commit")
+        self._commit(req, n)
+
+    def _commit(self, req: Request, n: int) -> None:
+        """:meth:`commit` of a checked count (a shadow's replay calls it directly)."""
         self.tick += 1
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
@@ -540,6 +508,10 @@ class HybridCacheManager(SavePointControl):
             raise validation.unhashable_request_id(request_id) from None
         if req is None:
             raise InvalidRequestError(f"free of unknown request {request_id!r}")
+        self._release(req, finished)
+
+    def _release(self, req: Request, finished: bool) -> None:
+        """:meth:`free` of a request already taken out of ``requests``."""
         self.tick += 1
         if req.allocated and not req.counted and req.num_computed > req.hit_tokens:
             self._count_request(req)

@@ -2,8 +2,9 @@
 whose kernels write a step's final state into the running slot, vLLM's Mamba layers, instead
 of copying it to a save slot) and the spare checkpoints of the ``spare-interval`` rule.
 
-Kept apart from :mod:`hybridcache.manager`: the manager's own path calls only
-:meth:`SavePointControl._spare_saves`; the vLLM adapter uses the rest (see ``docs/vllm.md``).
+Kept apart from :mod:`hybridcache.manager`: the manager's own path calls
+:meth:`SavePointControl._schedule_saves` (the admission rules' save points, then the spare
+ones); the vLLM adapter uses the rest (see ``docs/vllm.md``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.admission import spare_points
+from hybridcache.admission import admission_points, spare_points
 from hybridcache.errors import InvalidRequestError
 from hybridcache.plans import SavePoint
 
@@ -26,8 +27,65 @@ class SavePointControl:
     # Provided by the manager.
     arena: Any
     admission: Any
+    index: Any
+    metrics: Any
+    unit: int
     has_state: bool
+    _seen: dict[bytes, int]
     _get: Callable[[str], Request]
+
+    def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
+        """The step's save points in ``(start, end]``: the admission rules' (each with a slot,
+        evicting for it; the turn-end one in the request's rolling slot), then the spare ones."""
+        if not self.has_state:
+            return ()  # no state: no save point, whatever admission wants
+        wanted = admission_points(self.admission, req, start, end, self.unit)
+        out: list[SavePoint] = []
+        for b, rolling in wanted:
+            if b in req.saves:
+                continue
+            if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
+                continue
+            if rolling and req.draft_slots:
+                # Inside a speculative step the boundary may be rejected: write it to a
+                # fresh slot so the last accepted turn-end state survives until accept().
+                s = self.index.alloc_slot()
+                if s is None:
+                    self.metrics.snapshots_skipped += 1
+                    continue
+                req.pending_rolling = (b, s)
+                out.append(SavePoint(b, s))
+                continue
+            if rolling:
+                if req.rolling_slot < 0:
+                    s = self.index.alloc_slot()
+                    if s is None:
+                        self.metrics.snapshots_skipped += 1
+                        continue
+                    req.rolling_slot = s
+                req.rolling_boundary = b
+                out.append(SavePoint(b, req.rolling_slot))
+                continue
+            s = self.index.alloc_slot()
+            if s is None:
+                self.metrics.snapshots_skipped += 1
+                continue
+            req.saves[b] = s
+            out.append(SavePoint(b, s))
+        if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
+            out += self._spare_saves(req, start, end)
+        return tuple(out)
+
+    def _seen_enough(self, req: Request, boundary: int) -> bool:
+        u = boundary // self.unit - 1
+        if u >= len(req.hasher.digests):
+            return False  # decode tokens not known yet: new content, never seen before
+        d = req.hasher.digests[u]
+        n = self._seen.get(d, 0) + 1
+        if len(self._seen) > 1_000_000:
+            self._seen.clear()
+        self._seen[d] = n
+        return n >= self.admission.min_seen
 
     def _spare_saves(self, req: Request, start: int, end: int) -> list[SavePoint]:
         """Save points of the ``spare-interval`` rule in ``(start, end]``, each only while the

@@ -25,10 +25,9 @@ import math
 from collections.abc import Sequence
 
 from hybridcache.config import CacheConfig
-from hybridcache.errors import OutOfSpaceError
-from hybridcache.hashing import TokenHasher
 from hybridcache.requests import Request
 from hybridcache.spec import ModelSpec
+from hybridcache.step import _Step
 
 #: 2**64: sampling keys are the first 8 bytes of a unit digest, read as an integer.
 KEY_SPACE = float(1 << 64)
@@ -118,6 +117,24 @@ class PairedDifference:
         return mean / math.sqrt(var * self.w2 / (self.w * self.w))
 
 
+class _Taken:
+    """A replayed request's hasher: the digests it was given, nothing to hash with.
+
+    The manager reads a request's hasher for its ``digests``, ``num_tokens`` and
+    ``token_bytes`` (``None``: digests taken, not hashed from tokens, as after
+    :meth:`TokenHasher.adopt <hybridcache.hashing.TokenHasher.adopt>`); only
+    ``append_tokens`` hashes with it, and a replay never appends. A :class:`TokenHasher`
+    per replayed request checked the tenant and looked up its root digest for nothing.
+    """
+
+    __slots__ = ("digests", "num_tokens", "token_bytes")
+
+    def __init__(self, digests: list[bytes], num_tokens: int) -> None:
+        self.digests = digests
+        self.num_tokens = num_tokens
+        self.token_bytes = None
+
+
 class ShadowCache:
     """One candidate setting replayed over the sampled requests (see module docstring).
 
@@ -186,30 +203,51 @@ class ShadowCache:
         return self.mgr.admission
 
     def feed(self, digests: Sequence[bytes], prompt_len: int, total: int,
-             tenant: str | None, decay: float) -> None:
+             tenant: str | None, decay: float, prompt_digests: list[bytes] | None = None) -> None:
         """Replay one finished request: prompt of ``prompt_len`` tokens, ``total`` computed
         (prompt + output); ``digests`` are the live request's unit digests of all computed
-        full units (already chained and tenant-salted by the live hasher)."""
+        full units (already chained and tenant-salted by the live hasher).
+
+        The replay is the manager's own step (``match``, ``allocate``, ``commit``, ``free``)
+        without what a replay reads nothing of: the argument checks (the live manager made
+        the request), the match's and the allocation's result objects and the block table
+        (a copy of the request's page list per step). ``tests/sim/test_shadow_model.py``
+        compares every hit and eviction with the public path.
+
+        The digest lists are only read, never changed, so one list serves every shadow fed
+        the request: ``digests`` (a list) as the committed units and ``prompt_digests``
+        (``digests[: prompt_len // unit]``, made once by the caller; made here if None)
+        as the prompt's.
+        """
         mgr, unit = self.mgr, self.mgr.unit
         self._next_id += 1
         rid = str(self._next_id)
-        req = self._add_request(rid, digests, prompt_len, tenant)
-        match = mgr.match(rid)
-        try:
-            mgr.allocate(rid, total - match.hit_tokens)
-        except OutOfSpaceError:
+        if prompt_digests is None:
+            prompt_digests = list(digests[: prompt_len // unit])
+        req = self._add_request(rid, prompt_digests, prompt_len, tenant)
+        # allocate(rid, total - hit)'s count (HybridCacheManager._count_step) for a first
+        # step of a valid request: the live one computed ``total`` tokens past its hit.
+        hit = mgr._hit(req)
+        units = hit[1]
+        page_units = max(-(-total // unit) - units, 0)
+        coord = mgr.coordinator
+        slide_hold = coord.unheld_hit_pages(prompt_digests, units) if coord is not None else ()
+        if not mgr._fits(page_units, 1 if mgr.has_state else 0, hit[2], hit[3], slide_hold):
             mgr.free(rid, finished=False)
             self._count(0, prompt_len, decay)
             return
+        start = units * unit
+        mgr._take(_Step(req, True, hit, start, total, page_units, 1, True, total - start, 0), False)
         if total > prompt_len:
             # The output's units, as append_tokens would have hashed them.
-            req.hasher.digests = list(digests[: total // unit])
+            req.hasher.digests = digests if len(digests) == total // unit else list(digests[: total // unit])
             req.hasher.num_tokens = req.num_tokens = total
-        mgr.commit(rid, total)
-        mgr.free(rid)
-        self._count(match.hit_tokens, prompt_len, decay)
+        mgr._commit(req, total)
+        del mgr.requests[rid]
+        mgr._release(req, True)
+        self._count(start, prompt_len, decay)
 
-    def _add_request(self, rid: str, digests: Sequence[bytes], prompt_len: int,
+    def _add_request(self, rid: str, digests: list[bytes], prompt_len: int,
                      tenant: str | None) -> Request:
         """``add_request(rid, prompt_len, tenant=tenant, digests=...)`` without its two
         costs that a replay does not need: validating digests the live manager made, and
@@ -219,15 +257,10 @@ class ShadowCache:
         maps of the same digests (equal exactly when the live digests are equal, up to a
         128-bit collision) and the manager, which only compares keys, decides the same:
         ``tests/sim/test_shadow_model.py`` replays random streams both ways and compares
-        every hit and every eviction."""
-        mgr = self.mgr
-        cfg = mgr.config
-        hasher = TokenHasher(cfg.hash_unit, cfg.hash_algo, cfg.hash_seed, tenant)
-        hasher.digests = list(digests[: prompt_len // mgr.unit])
-        hasher.num_tokens = prompt_len
-        hasher.token_bytes = None  # digests taken, not hashed from tokens (as TokenHasher.adopt)
-        req = Request(rid, hasher, tenant, prompt_len)
-        mgr.requests[rid] = req
+        every hit and every eviction. ``digests``: the prompt's (taken as they are, not
+        copied: nothing changes a request's digest list in place)."""
+        req = Request(rid, _Taken(digests, prompt_len), tenant, prompt_len)  # type: ignore[arg-type]
+        self.mgr.requests[rid] = req
         return req
 
     def _count(self, hit: int, prompt: int, decay: float) -> None:

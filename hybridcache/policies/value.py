@@ -305,6 +305,27 @@ class RunValueQueue:
         self._clean()
         return self._heap[0][0] if self._heap else None
 
+    def stranded_top(self) -> Run | None:
+        """The run whose tail is the queue's top entry if that tail is stranded KV ranked at
+        the clock (rank ``(clock, 0)``: only a stranded tail gets release number 0 at the
+        clock's value), else None (the heap cleaned as :meth:`peek` cleans it)."""
+        self._clean()
+        if not self._heap:
+            return None
+        prio, order, _, run = self._heap[0]
+        return run if order == 0 and prio == self._clock.value and self.stranded is not None else None
+
+    def offered_at_or_below(self, run: Run) -> bool:
+        """Whether :meth:`first` would return an offered unit before ``run``'s queued tail
+        (the candidates cleaned as :meth:`first` cleans them; units still to be offered,
+        ``_rescan``, count as such: they are offered first)."""
+        if self._rescan:
+            return True
+        cands = self._cands
+        while cands and not self._valid_cand(cands[0]):
+            heapq.heappop(cands)
+        return bool(cands) and (cands[0][0], cands[0][1]) <= (run.qprio, 0)
+
     def first(self, pred: PagesPred, aside: list) -> tuple[float, UnitHandle] | None:
         """Lowest-ranked unit satisfying ``pred``; runs whose tail fails it go to ``aside``.
 
@@ -401,54 +422,78 @@ class RunValueQueue:
         heap = self._heap
         if not heap or not run.qseq or heap[0][2] != run.qseq or heap[0][3] is not run:
             return 0
-        clock, hits, rel, cands = self._clock, run.hits, run.rel, self._cands
+        clock, hits, rel, stranded = self._clock, run.hits, run.rel, self.stranded
         run.qseq = 0
         self._live -= 1
-        pos = len(run.digests) - 1
+        pos, held = len(run.digests) - 1, run.held
         hsum, rmax = hits.get(pos + 1, 0), rel.get(pos + 1)
         prio, count = run.qprio, 0
+        one = run.pages[0] if len(run.pages) == 1 else None
+        pages = (one[pos],) if one is not None else run.unit_pages(pos)
+        # The checks against the other entries (heap, snapshot top, offered candidates)
+        # depend on nothing but this unit's rank while the loop runs (it changes no other
+        # entry), so they are redone only when the rank changes: between hit and release
+        # ends it does not, and a tail range is mostly such a stretch.
+        checked = None
         while True:  # the unit at pos is a victim
             if prio > clock.value:
                 clock.value = prio
-            run.qprio = prio
             count += 1
-            if pos == run.held or last(run.unit_pages(pos)):
+            if pos == held or last(pages):
+                run.qprio = prio
                 return count
             pos -= 1
             hsum += hits.get(pos + 1, 0)
             r = rel.get(pos + 1)
             if r is not None and (rmax is None or r > rmax):
                 rmax = r
-            if self.stranded is not None and self.stranded(run, pos):  # type: ignore[call-arg]
-                prio, order = clock.value, 0
+            if stranded is not None and stranded(run, pos):  # type: ignore[call-arg]
+                rank = (clock.value, 0)
             else:
                 base, order = rmax if rmax is not None else (clock.value, 0)
                 if self.uniform:
-                    prio = base + 1.0
+                    rank = (base + 1.0, order)
                 else:
-                    prio = greedy_dual_priority(base, hsum if self.freq else 1, run.flops, self._per)
-            while heap:  # stale entries, and pinned ones that rank below this tail, go
-                top = heap[0]
-                other = top[3]
-                if other.qseq != top[2]:
-                    heapq.heappop(heap)
-                elif other.held >= len(other.digests) and (top[0], top[1]) <= (prio, order):
-                    heapq.heappop(heap)
-                    other.qseq = 0
-                    self._live -= 1
-                else:
-                    break
-            if heap and (heap[0][0], heap[0][1]) <= (prio, order):
-                return count  # an older entry of equal rank goes first too
-            if snap_top is not None and prio > snap_top:
-                return count
-            if offers:
-                while cands and not self._valid_cand(cands[0]):
-                    heapq.heappop(cands)
-                if cands and (cands[0][0], cands[0][1]) <= (prio, order):
+                    rank = (greedy_dual_priority(base, hsum if self.freq else 1, run.flops, self._per), order)
+            pages = (one[pos],) if one is not None else run.unit_pages(pos)
+            if rank != checked:
+                if self._outranked(rank, snap_top, offers):
+                    run.qprio = prio
                     return count
-            if pred is not None and not pred(run.unit_pages(pos)):
+                checked = rank
+            if pred is not None and not pred(pages):
+                run.qprio = prio
                 return count
+            prio = rank[0]
+
+    def _outranked(self, rank: tuple[float, int], snap_top: float | None, offers: bool) -> bool:
+        """Whether another entry goes before a unit of this rank (:meth:`tail_range`): an
+        older queued entry of equal or lower rank (stale entries, and pinned ones that
+        rank below it, are dropped first), a snapshot ranked below it or, with
+        ``offers``, a candidate :meth:`first` offered at or below it."""
+        heap = self._heap
+        while heap:
+            top = heap[0]
+            other = top[3]
+            if other.qseq != top[2]:
+                heapq.heappop(heap)
+            elif other.held >= len(other.digests) and (top[0], top[1]) <= rank:
+                heapq.heappop(heap)
+                other.qseq = 0
+                self._live -= 1
+            else:
+                break
+        if heap and (heap[0][0], heap[0][1]) <= rank:
+            return True  # an older entry of equal rank goes first too
+        if snap_top is not None and rank[0] > snap_top:
+            return True
+        if offers:
+            cands = self._cands
+            while cands and not self._valid_cand(cands[0]):
+                heapq.heappop(cands)
+            if cands and (cands[0][0], cands[0][1]) <= rank:
+                return True
+        return False
 
     def discard(self, node: UnitHandle) -> None:
         """No per-unit entry to drop: the index reports the run as changed after evicting."""
