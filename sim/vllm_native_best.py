@@ -113,10 +113,16 @@ def _outputs(out: Any, req: Any, tokens: list[int]) -> Any:
 
 
 def run_request(sched: Any, hasher: Any, rid: str, prompt: list[int], outputs: list[int],
-                tenant: str | None, max_steps: int = 1_000_000) -> int:
-    """Serve one request to completion; the prompt tokens found cached when it started."""
+                tenant: str | None, max_steps: int = 1_000_000) -> int | None:
+    """Serve one request to completion; the prompt tokens found cached when it started.
+
+    Returns None for a request vLLM cannot serve at this capacity (a step that schedules
+    nothing while it is the only request: its prompt needs more blocks than the pool holds),
+    after aborting it: the replay counts it as prompt tokens served without a hit, as
+    :func:`hybridcache.sim.replay.replay` counts a request the manager refuses.
+    """
     from vllm.sampling_params import SamplingParams
-    from vllm.v1.request import Request
+    from vllm.v1.request import Request, RequestStatus
 
     outputs = outputs or [2]
     sp = SamplingParams(max_tokens=len(outputs), ignore_eos=True, temperature=0.0)
@@ -125,14 +131,15 @@ def run_request(sched: Any, hasher: Any, rid: str, prompt: list[int], outputs: l
     hit = None
     for _ in range(max_steps):
         out = sched.schedule()
+        if not out.num_scheduled_tokens:
+            sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
+            return None
         if hit is None and out.scheduled_new_reqs:
             hit = req.num_computed_tokens - out.num_scheduled_tokens[rid]
         sched.update_from_output(out, _outputs(out, req, outputs))
         if req.is_finished():
             return hit or 0
-        if not out.num_scheduled_tokens and hit is None and not sched.waiting:
-            break
-    raise NativeUnavailable(f"vllm-native-best: request {rid} did not finish")
+    raise NativeUnavailable(f"vllm-native-best: request {rid} did not finish in {max_steps} steps")
 
 
 def replay_native_best(
@@ -159,6 +166,9 @@ def replay_native_best(
         prompt = r.input_ids.tolist()
         outs = r.output_ids.tolist() if r.output_ids is not None else [2] * max(1, r.output_length)
         hit = run_request(sched, hasher, str(i), prompt, outs, r.tenant)
+        if hit is None:
+            tally.rejected += 1
+            hit = 0
         tally.add(r.tenant or "", len(prompt), hit, hit)
 
     serve_each(trace.requests, serve, progress)

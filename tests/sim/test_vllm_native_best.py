@@ -62,3 +62,16 @@ def test_manager_level_driver_at_unit_16_gives_every_block_back(kimi):
         vn._one(v, mgr, hasher, tally, str(i), r, block, 16)
     assert tally.hit.get("", 0) == 992 + 4992
     assert mgr.block_pool.get_num_free_blocks() == mgr.block_pool.num_gpu_blocks - 1
+
+
+@pytest.mark.vllm
+def test_native_best_counts_a_prompt_larger_than_the_pool_as_a_miss(kimi):
+    """A prompt vLLM cannot hold at this capacity is aborted and counted as served without a
+    hit (as the manager's replay counts a refused request); the requests after it go on."""
+    if unavailable_reason() is not None:
+        pytest.skip(unavailable_reason())
+    short, huge = toks(1000, 1), toks(150_000, 2)
+    t = token_trace(short, huge, short, out=4)
+    best = run_one(t, build_policy("vllm-native-best", kimi, 16), 1 << 30)
+    assert best.rejected_requests == 1
+    assert best.prompt_tokens == 151_000 + 1000 and best.hit_tokens == 992
