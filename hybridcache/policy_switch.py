@@ -122,21 +122,27 @@ def _rank_into(index: PrefixIndex, kv_ticks: dict[Run, list[int]], snaps: list[U
     for node in snaps:
         events.append((node.snap_tick, 1, node.depth, node, -1))
     events.sort(key=lambda e: e[:3])
-    if isinstance(kv_q, RunValueQueue):
+    value = isinstance(kv_q, RunValueQueue)
+    if value:
         _rank_value_kv(index, kv_q, [e for e in events if not e[1]])
     else:
         unit, nbytes = index.handle, index.node_kv_bytes
         for t, kind, _, run, pos in events:
             if not kind:
                 kv_q.add(unit(run, pos), t, run.flops, nbytes, 0)  # type: ignore[union-attr]
-        for run in kv_ticks:
-            kv_q.run_changed(run)  # a stranded tail goes first
     for t, kind, _, node, _ in events:
         if kind:
             snap_q.add(node, t, node.snap_flops, index.snap_bytes, node.snap_queued_hits)  # type: ignore[union-attr]
+    # Demoted snapshots go first (at the floor of the queues: their oldest tick, as when a
+    # demotion finds no stranded tail in front), then stranded tails, the latest foremost,
+    # as a fresh manager's queue ranks each when the release makes it evictable.
     for node in snaps:
         if node.snap_demoted:
             index.demote_snapshot(node)
+    if not value:
+        for _, kind, _, run, pos in events:
+            if not kind and pos == len(run.digests) - 1:  # type: ignore[union-attr]
+                kv_q.run_changed(run)
 
 
 def _rank_value_kv(index: PrefixIndex, q: RunValueQueue, kv_events: list[tuple[int, int, int, object, int]]) -> None:

@@ -17,8 +17,8 @@ CAPACITY = 4 << 20  # nothing is evicted by the workload below
 
 
 def _workload(mgr: HybridCacheManager, seed: int) -> None:
-    """Sessions that extend themselves and share a prefix, repeats (hits), and requests
-    that stay running while others come and go (their holds outlive a tick)."""
+    """Sessions that extend themselves (outputs included: turn-end snapshots, demoted
+    prompt-end ones, KV past the last snapshot) and share a prefix, and repeats (hits)."""
     rng = random.Random(seed)
     shared = [rng.randrange(1 << 20) for _ in range(6 * U)]
     sessions = [shared + [rng.randrange(1 << 20) for _ in range(rng.randrange(1, 5) * U + 1)]
@@ -27,13 +27,16 @@ def _workload(mgr: HybridCacheManager, seed: int) -> None:
     for _ in range(24):
         s = rng.randrange(len(sessions))
         prompt = sessions[s]
+        out = [rng.randrange(1 << 20) for _ in range(rng.choice((0, 0, 3, 9)))]
         rid = str(next(ids))
         m = mgr.add_request(rid, prompt)
-        mgr.allocate(rid, len(prompt) - m.hit_tokens)
-        mgr.commit(rid, len(prompt))
+        mgr.allocate(rid, len(prompt) + len(out) - m.hit_tokens)
+        if out:
+            mgr.append_tokens(rid, out)
+        mgr.commit(rid, len(prompt) + len(out))
         mgr.free(rid)
         if rng.random() < 0.6:  # the next turn extends this one
-            sessions[s] = prompt + [rng.randrange(1 << 20) for _ in range(rng.randrange(1, 4) * U)]
+            sessions[s] = prompt + out + [rng.randrange(1 << 20) for _ in range(rng.randrange(1, 4) * U)]
 
 
 def _victims(mgr: HybridCacheManager) -> list[tuple[str, bytes]]:
@@ -81,6 +84,7 @@ def test_a_switch_ranks_entries_as_a_fresh_manager_with_the_new_policy(old, new,
     live = _manager(old, admission)
     _workload(live, seed)
     assert live.index.evictions == {"kv": 0, "state": 0}
+    assert any(n.snap_demoted for n in live.index.handles.values()) == ("turn-end" in admission)
     switch_eviction(live, new)
     assert live.config.eviction == new and type(live.index.kv_q) is type(fresh.index.kv_q)
     live.check_invariants()
@@ -109,3 +113,5 @@ def test_a_switch_keeps_the_cache_and_its_hits():
     switch_eviction(live, "value")
     _workload(live, 6)
     live.check_invariants()
+    live.clear()  # every entry stayed in the queues through both switches
+    assert live.arena.pages_in_use == 0 and live.arena.slots_in_use == 0
