@@ -62,13 +62,7 @@ RANKINGS = (*WEIGHTINGS, "marconi")
 #: The rules every candidate but one keeps (prompt end, turn end, branch points).
 BASE_RULES = "last-token+turn-end+branch-point"
 #: Checkpoint spacings of the candidates, in the model's tokens-per-snapshot (0 = none).
-DENSITIES = (3.0, 0.0)
-#: ... and of the live cache's spare checkpoints (:func:`spare_interval`): SGLang with dense
-#: checkpoints (its 256-token track interval is about 1/16 of Kimi Linear's 5,392) leads
-#: with memory to spare, which spares into free room take without a decision. It was also a
-#: candidate (``checkpoints-1/16x-recency``) until the Marconi one came: adopted in none
-#: of 80 sweep cells (seeds 5-8; the shadows compare only under pressure).
-SPARE_DENSITY = 1.0 / 16
+DENSITIES = (3.0, 0.0, 1.0, 1.0 / 16)
 #: The shadows' bookkeeping as a fraction of the live manager's (in units handled): the
 #: issue's bound on added time per request is 15 %; the rest is the manager's own sampling
 #: step. It sets the sampling rate (``budget / candidates`` where that leaves a shadow
@@ -132,12 +126,9 @@ def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
     variations (no frequency term, no checkpoints, no prompt-end snapshot), the set holds
     the settings of the peers that lead somewhere, so that following the best candidate can
     reach them: SGLang's (prompt end and turn end, LRU: ``recency`` weighting, which long
-    agent contexts with heavy-tailed think times favour), vLLM's align mode's admission (a
-    state only for a boundary seen twice) and Marconi's (prompt end and branch points, its
-    utility eviction: ``marconi`` ranking, which keeps FLOP-efficient entries among the
-    oldest ones and leads on agent, mixed and agentic traces at 1-2 GiB). SGLang with dense
-    checkpoints is the live cache's spare checkpoints (:func:`spare_interval`), not a
-    candidate.
+    agent contexts with heavy-tailed think times favour), SGLang with dense checkpoints
+    (1/16x, branch points, LRU: free hits with memory to spare) and vLLM's align mode's
+    admission (a state only for a boundary seen twice).
     """
     if not spec.has_state or not spec.kv_bytes_per_token:
         return [Candidate("no-state", BASE_RULES)]
@@ -152,6 +143,7 @@ def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
         Candidate("checkpoints-none", every(0.0)),
         Candidate("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}"),
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
+        Candidate("checkpoints-1/16x-recency", every(1.0 / 16), "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
         Candidate("marconi", "last-token+branch-point", "marconi"),
     ]
@@ -162,9 +154,8 @@ def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
     return out
 
 
-def spare_interval(spec: ModelSpec, unit: int) -> int:
-    """Spacing of the live cache's spare checkpoints: :data:`SPARE_DENSITY` of the model's
-    tokens-per-snapshot, denser than any candidate.
+def spare_interval(candidates: list[Candidate], unit: int) -> int:
+    """Spacing of the live cache's spare checkpoints: the densest candidate's interval.
 
     Free room is free: while the arena has a free slot an extra checkpoint costs nothing,
     and ranked first to evict (the ``spare-interval`` rule, :mod:`hybridcache.admission`) it
@@ -173,11 +164,10 @@ def spare_interval(spec: ModelSpec, unit: int) -> int:
     tell a dense setting's lead while nothing is evicted (at 16 GiB, 200 requests, no
     shadow ever evicts); this takes that lead without a decision. Switching to the dense
     candidate instead lost 0.009 on chat at 8 GiB once pressure came (its entries rank as
-    any other). 0 for a model without state.
+    any other). 0 when no candidate checkpoints.
     """
-    if not spec.has_state or not spec.kv_bytes_per_token:
-        return 0
-    return _round_up(SPARE_DENSITY * spec.snapshot_bytes / spec.kv_bytes_per_token, unit)
+    spans = [AdmissionPolicy.parse(c.admission, unit).interval for c in candidates]
+    return min((n for n in spans if n), default=0)
 
 
 def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
@@ -241,7 +231,7 @@ class AdaptiveManager(HybridCacheManager):
         #: 1 GiB (one missing turn-end state on the first request changed what a 24-block
         #: cache kept from then on).
         self.outputs_known = True
-        self.spare_interval = spare_interval(spec, cfg.hash_unit)
+        self.spare_interval = spare_interval(self.candidates, cfg.hash_unit)
         self._rules = self.admission
         self._use(self._rules)
         self.adaptive_config = cfg

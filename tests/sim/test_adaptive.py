@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting, spare_interval
+from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
@@ -60,7 +60,7 @@ def test_candidates_are_relative_to_the_model(kimi):
     for spec in (kimi, get_preset("qwen3-next-80b")):
         tps = spec.snapshot_bytes / spec.kv_bytes_per_token
         intervals = sorted({int(c.admission.rpartition("interval:")[2]) for c in candidate_settings(spec, 16)
-                            if "interval:" in c.admission} | {spare_interval(spec, 16)})
+                            if "interval:" in c.admission})
         assert intervals[-1] >= 3 * tps > intervals[0]
 
 

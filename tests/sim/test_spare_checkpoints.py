@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridcache.adaptive import BASE_RULES, AdaptiveManager, spare_interval
+from hybridcache.adaptive import AdaptiveManager, spare_interval
 from hybridcache.admission import AdmissionPolicy, spare_points
 from hybridcache.errors import UnknownNameError
 from hybridcache.events import REMOVED, STORED
@@ -114,12 +114,11 @@ def test_regular_snapshot_is_valued_without_the_spares_below_it(kimi):
     assert flops["last-token"] == flops[f"last-token+spare-interval:{SPARE}"]
 
 
-def test_adaptive_takes_spares_denser_than_any_candidate(kimi):
+def test_adaptive_takes_spares_at_its_densest_candidate(kimi):
     m = AdaptiveManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission="adaptive"))
-    assert m.spare_interval == spare_interval(kimi, UNIT) > 0
+    assert m.spare_interval == spare_interval(m.candidates, UNIT) > 0
     spans = [AdmissionPolicy.parse(c.admission, UNIT).interval for c in m.candidates]
-    tps = kimi.snapshot_bytes / kimi.kv_bytes_per_token
-    assert m.spare_interval < min(n for n in spans if n) and m.spare_interval <= tps / 8
+    assert m.spare_interval == min(n for n in spans if n)
     assert m.admission.spare_interval == m.spare_interval
 
 
@@ -144,10 +143,8 @@ def test_adaptive_gets_dense_hits_while_memory_lasts(kimi):
         assert not m.index.evictions["kv"] + m.index.evictions["state"]
         assert len(m.switches) == 1
         rates[spare] = _hit_rate(m)
-    # The dense setting: checkpoints at the spares' spacing (a candidate until the Marconi
-    # one replaced it; weighting does not matter without evictions).
-    dense = f"{BASE_RULES}+interval:{spare_interval(kimi, UNIT)}"
-    fixed = HybridCacheManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission=dense))
+    dense = next(c for c in m.candidates if c.weighting == "recency" and "interval:" in c.admission)
+    fixed = HybridCacheManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission=dense.admission))
     _branching_requests(fixed, 60, 20_000, seed=4)
     assert rates[True] >= _hit_rate(fixed) - 0.002, (rates, _hit_rate(fixed))
     assert rates[False] < _hit_rate(fixed) - 0.02, (rates, _hit_rate(fixed))
