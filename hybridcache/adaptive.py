@@ -118,8 +118,20 @@ class Candidate(NamedTuple):
     min_seen: int = 1
 
 
-def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
+#: Marconi's setting as a candidate: its admission (prompt end, branch points) and its
+#: utility eviction (the ``marconi`` ranking, alpha 1: the middle of the simulator's tuning
+#: grid), which the live cache switches to when it adopts it (set_weighting). Not in the
+#: default set: measured on the generated sweep (docs/results.md, "Adaptive policy: a
+#: Marconi candidate") it was adopted late (requests 96-191 of 200-300) and cost one cell
+#: more behind on each of seeds 5-8 and 9-12 (mean hit -0.0005): the shadows find its
+#: lead (at rate 1 its shadow is the real ``marconi`` policy), the switch comes too late
+#: for the entries it would have made. ``candidate_settings(..., marconi=True)`` adds it.
+MARCONI_CANDIDATE = Candidate("marconi", "last-token+branch-point", "marconi")
+
+
+def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> list[Candidate]:
     """The candidates; the first is where the live cache starts (the fixed policy's setting).
+    ``marconi``: also :data:`MARCONI_CANDIDATE` (not by default, see there).
 
     Densities are in the model's tokens-per-snapshot (the KV-equivalent of one snapshot),
     so nothing here comes from a trace. Beside the fixed policy's setting and its
@@ -145,7 +157,7 @@ def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
         Candidate("checkpoints-1/16x-recency", every(1.0 / 16), "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
-        Candidate("marconi", "last-token+branch-point", "marconi"),
+        *([MARCONI_CANDIDATE] if marconi else []),
     ]
     out: list[Candidate] = []
     for c in grid:

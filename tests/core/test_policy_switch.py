@@ -111,6 +111,8 @@ def test_a_switch_keeps_the_cache_and_its_hits():
     _workload(live, 5)  # keeps serving (and evicting, ranking new entries) under the new policy
     live.check_invariants()
     switch_eviction(live, "value")
+    evictable = [r for r in live.index.heads.values() if r.held < len(r.digests)]
+    assert len(live.index.kv_q) == len(evictable) > 0  # every run queued (none left stale)
     _workload(live, 6)
     live.check_invariants()
     live.clear()  # every entry stayed in the queues through both switches
