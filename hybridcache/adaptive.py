@@ -121,11 +121,12 @@ class Candidate(NamedTuple):
 #: Marconi's setting as a candidate: its admission (prompt end, branch points) and its
 #: utility eviction (the ``marconi`` ranking, alpha 1: the middle of the simulator's tuning
 #: grid), which the live cache switches to when it adopts it (set_weighting). Not in the
-#: default set: measured on the generated sweep (docs/results.md, "Adaptive policy: a
-#: Marconi candidate") it was adopted late (requests 96-191 of 200-300) and cost one cell
-#: more behind on each of seeds 5-8 and 9-12 (mean hit -0.0005): the shadows find its
-#: lead (at rate 1 its shadow is the real ``marconi`` policy), the switch comes too late
-#: for the entries it would have made. ``candidate_settings(..., marconi=True)`` adds it.
+#: default set: in place of ``checkpoints-1/16x-recency`` (never adopted) it left the
+#: generated sweep where it was (docs/results.md, "Adaptive policy: a Marconi candidate"):
+#: 18 -> 19 cells behind on seeds 5-8 (development; mean hit -0.0001), 18 -> 17 on 9-12
+#: (+0.0010); agentic gains (up to +0.073 in a cell), agent loses (up to -0.032). It is
+#: adopted late (requests 96-191 of 200): its shadow finds the lead, the entries the
+#: setting before it made stay. ``candidate_settings(..., marconi=True)`` adds it.
 MARCONI_CANDIDATE = Candidate("marconi", "last-token+branch-point", "marconi")
 
 
