@@ -51,10 +51,14 @@ from hybridcache.config import CacheConfig
 from hybridcache.errors import ConfigError, UnknownNameError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import WEIGHTINGS
+from hybridcache.policy_switch import switch_eviction
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.spec import ModelSpec
 
 ADAPTIVE = "adaptive"
+#: What a candidate's ``weighting`` may name: a weighting of value eviction, or an eviction
+#: policy of its own (Marconi's utility), which the live cache switches to (set_weighting).
+RANKINGS = (*WEIGHTINGS, "marconi")
 #: The rules every candidate but one keeps (prompt end, turn end, branch points).
 BASE_RULES = "last-token+turn-end+branch-point"
 #: Checkpoint spacings of the candidates, in the model's tokens-per-snapshot (0 = none).
@@ -105,8 +109,8 @@ def _round_up(n: float, unit: int) -> int:
 
 
 class Candidate(NamedTuple):
-    """One setting the adaptive manager can follow: admission rules, value eviction's
-    weighting (:data:`~hybridcache.policies.value.WEIGHTINGS`) and ``min_seen``."""
+    """One setting the adaptive manager can follow: admission rules, the eviction ranking
+    (:data:`RANKINGS`: value eviction's weighting, or ``marconi``) and ``min_seen``."""
 
     name: str
     admission: str
@@ -114,8 +118,21 @@ class Candidate(NamedTuple):
     min_seen: int = 1
 
 
-def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
+#: Marconi's setting as a candidate: its admission (prompt end, branch points) and its
+#: utility eviction (the ``marconi`` ranking, alpha 1: the middle of the simulator's tuning
+#: grid), which the live cache switches to when it adopts it (set_weighting). Not in the
+#: default set: in place of ``checkpoints-1/16x-recency`` (never adopted) it left the
+#: generated sweep where it was (docs/results.md, "Adaptive policy: a Marconi candidate"):
+#: 18 -> 19 cells behind on seeds 5-8 (development; mean hit -0.0001), 18 -> 17 on 9-12
+#: (+0.0010); agentic gains (up to +0.073 in a cell), agent loses (up to -0.032). It is
+#: adopted late (requests 96-191 of 200): its shadow finds the lead, the entries the
+#: setting before it made stay. ``candidate_settings(..., marconi=True)`` adds it.
+MARCONI_CANDIDATE = Candidate("marconi", "last-token+branch-point", "marconi")
+
+
+def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> list[Candidate]:
     """The candidates; the first is where the live cache starts (the fixed policy's setting).
+    ``marconi``: also :data:`MARCONI_CANDIDATE` (not by default, see there).
 
     Densities are in the model's tokens-per-snapshot (the KV-equivalent of one snapshot),
     so nothing here comes from a trace. Beside the fixed policy's setting and its
@@ -141,6 +158,7 @@ def candidate_settings(spec: ModelSpec, unit: int) -> list[Candidate]:
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
         Candidate("checkpoints-1/16x-recency", every(1.0 / 16), "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
+        *([MARCONI_CANDIDATE] if marconi else []),
     ]
     out: list[Candidate] = []
     for c in grid:
@@ -166,14 +184,33 @@ def spare_interval(candidates: list[Candidate], unit: int) -> int:
 
 
 def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
-    """Set value eviction's weighting (no-op for other policies): entries queued already
-    keep their rank until they are touched again."""
+    """Set how ``mgr`` ranks eviction victims: a weighting of value eviction
+    (:data:`~hybridcache.policies.value.WEIGHTINGS`) or another eviction policy by name
+    (:data:`RANKINGS`: ``marconi``).
+
+    A value weighting on value eviction is a knob (no-op for a policy configured otherwise):
+    entries queued already keep their rank until they are touched again. Anything else changes the eviction policy of the live
+    cache, which re-ranks every cached entry into the new policy's queues
+    (:func:`hybridcache.policy_switch.switch_eviction`): a Marconi candidate's lead comes from
+    its utility ranking (FLOP efficiency beside recency over the oldest entries), which no
+    weighting of GreedyDual's single priority reproduces.
+    """
+    if weighting not in RANKINGS:
+        raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(RANKINGS)}")
     if weighting not in WEIGHTINGS:
-        raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(WEIGHTINGS)}")
-    for q in (mgr.index.kv_q, mgr.index.snap_q):
-        if hasattr(q, "freq"):
-            q.freq = weighting == "gdsf"
-            q.uniform = weighting == "recency"
+        switch_eviction(mgr, weighting)
+        return
+
+    def knobs() -> None:
+        for q in (mgr.index.kv_q, mgr.index.snap_q):
+            if hasattr(q, "freq"):
+                q.freq = weighting == "gdsf"
+                q.uniform = weighting == "recency"
+
+    if mgr.index.eviction in RANKINGS:  # a candidate's own policy: back to value eviction
+        switch_eviction(mgr, "value", prepare=knobs)  # re-ranked with the knobs set
+    else:
+        knobs()
 
 
 class AdaptiveManager(HybridCacheManager):

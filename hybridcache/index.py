@@ -127,11 +127,23 @@ class PrefixIndex(ChainWalks):
         lay = arena.layout
         self.node_kv_bytes = lay.page_bytes * self.kv_groups
         self.snap_bytes = lay.slot_bytes
-        settings = PolicySettings(
-            flops_per_byte_scale, self.node_kv_bytes, _snap_evictable, marconi_alpha, marconi_window
-        )
+        self._policy_args = (flops_per_byte_scale, marconi_alpha, marconi_window)
+        self.install_policy(eviction)
+
+    def install_policy(self, eviction: str, marconi_alpha: float | None = None) -> None:
+        """Build the eviction policy called ``eviction`` and bind its evictor here.
+
+        Called once at construction, and by :func:`hybridcache.policy_switch.switch_eviction`
+        to change the policy of a live index (which then ranks the cached entries into the
+        new queues). ``marconi_alpha``: a new utility weight (``None`` keeps the index's)."""
+        scale, alpha, window = self._policy_args
+        if marconi_alpha is not None:
+            alpha = marconi_alpha
+            self._policy_args = (scale, alpha, window)
+        self.eviction = eviction
+        settings = PolicySettings(scale, self.node_kv_bytes, _snap_evictable, alpha, window)
         #: Chooses victims and allocates with eviction (the policy's queues, the arena).
-        self.evictor = ev = Evictor(self, arena, build_policy(eviction, settings))
+        self.evictor = ev = Evictor(self, self.arena, build_policy(eviction, settings))
         self.kv_q: EvictionQueue = ev.kv_q
         self.snap_q: EvictionQueue = ev.snap_q
         self.kv_q.unit = self.handle  # victims, and a per-unit queue's keys, are handles
@@ -198,7 +210,7 @@ class PrefixIndex(ChainWalks):
                 h[end] = c
             else:
                 del h[end]
-            q.on_release(run, end)
+            q.on_release(run, end, tick)
             if c or end != run.held:
                 continue
             new = max(h) if h else 0
@@ -229,6 +241,8 @@ class PrefixIndex(ChainWalks):
             raise AssertionError(f"negative snap_ref on {node}")
         if node.snap_ref == 0 and node.snap >= 0:
             self.pinned_snapshots -= 1
+            # What a policy switch re-ranks by (hybridcache.policy_switch).
+            node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
     # ------------------------------------------------------------------ registering
@@ -353,6 +367,8 @@ class PrefixIndex(ChainWalks):
                 node.tenant, (slot,), flops,
             ))
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
+        # What a policy switch re-ranks by (hybridcache.policy_switch).
+        node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
         if node.run is not None:
@@ -360,6 +376,7 @@ class PrefixIndex(ChainWalks):
 
     def demote_snapshot(self, node: UnitHandle) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
+        node.snap_demoted = True  # kept through a policy switch (hybridcache.policy_switch)
         floors = [f for f in (self.kv_q.floor(), self.snap_q.floor()) if f is not None]
         if floors:
             self.snap_q.demote(node, min(floors))

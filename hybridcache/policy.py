@@ -44,8 +44,9 @@ class EvictionQueue:
         for pos in range(hi - 1, lo - 1, -1):
             self.add(self.unit(run, pos), tick, flops, nbytes, 0)
 
-    def on_release(self, run: Any, end: int) -> None:
-        """A hold of units ``[0, end)`` of ``run`` was released (some may stay held)."""
+    def on_release(self, run: Any, end: int, tick: int = 0) -> None:
+        """A hold of units ``[0, end)`` of ``run`` was released (some may stay held) at the
+        manager's ``tick``."""
 
     def run_changed(self, run: Any) -> None:
         """``run`` lost units to eviction (its tail moved, or it was split off)."""

@@ -26,7 +26,7 @@ class UnitHandle:
 
     __slots__ = (
         "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
-        "__weakref__",
+        "snap_tick", "snap_demoted", "snap_queued_hits", "__weakref__",
     )
 
     def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
@@ -38,6 +38,13 @@ class UnitHandle:
         self.snap_hits = 0
         self.snap_flops = 0.0
         self.run = run
+        #: The manager tick at which the snapshot last became evictable, whether it was
+        #: demoted since (ranked first) and its hits then (a hit is counted after its
+        #: restore is released): policy-neutral, so that a switch of eviction policy
+        #: (hybridcache.policy_switch) ranks it as the new policy would have.
+        self.snap_tick = 0
+        self.snap_demoted = False
+        self.snap_queued_hits = 0
 
     @property
     def pos(self) -> int:

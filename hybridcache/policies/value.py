@@ -28,6 +28,11 @@ if TYPE_CHECKING:  # pragma: no cover
 #: one unit of value per entry, KV and state alike (GreedyDual with uniform costs orders
 #: entries by their last release: LRU over both kinds, the stranded-KV rule kept).
 WEIGHTINGS = ("gdsf", "gds", "recency")
+#: A release number is ``tick << TICK_SHIFT | count``: ticks and counts never decrease, so
+#: the numbers order exactly as the counts do (releases within one tick keep their order)
+#: while the tick of a unit's last release stays readable (``number >> TICK_SHIFT``) when
+#: the live cache changes eviction policy (hybridcache.policy_switch).
+TICK_SHIFT = 40
 
 
 def greedy_dual_priority(clock: float, hits: int, flops: float, per_byte: float) -> float:
@@ -216,10 +221,13 @@ class RunValueQueue:
         self._live = 0  # runs with a current entry (qseq != 0)
 
     # ----------------------------------------------------- run events (EvictionQueue API)
-    def on_release(self, run: Run, end: int) -> None:
-        """A hold ending at ``end`` was released: units below it were used until now."""
+    def on_release(self, run: Run, end: int, tick: int = 0) -> None:
+        """A hold ending at ``end`` was released at ``tick``: units below it were used
+        until now. The release number carries the tick in its high bits (see
+        :data:`TICK_SHIFT`): the numbers order as before, and a policy switch
+        (:mod:`hybridcache.policy_switch`) reads the tick back."""
         self._order += 1
-        run.rel[end] = (self._clock.value, self._order)
+        run.rel[end] = (self._clock.value, (tick << TICK_SHIFT) | self._order)
 
     def hold_range(self, run: Run, lo: int, hi: int) -> None:
         """Pinned tails are dropped lazily at the top."""

@@ -21,6 +21,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from hybridcache.errors import OutOfSpaceError
 from hybridcache.events import REMOVED, STORED
 from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.policy_switch import switch_eviction
 from hybridcache.port import EnginePort
 from hybridcache.sliding import SLIDING
 from tests.core.conftest import check_runs_and_ranks, tiny_spec
@@ -221,6 +222,15 @@ class ManagerMachine(RuleBasedStateMachine):
             key = (r["tenant"], tuple(r["tokens"][:rb]))
             if key in self.oracle.kv:
                 self.oracle.snap.add(key)
+
+    @rule(eviction=st.sampled_from(["lru", "value", "marconi"]))
+    @precondition(lambda self: self.m is not None)
+    def switch_policy(self, eviction):
+        """The live cache changes eviction policy (hybridcache.policy_switch) while requests
+        run: every cached entry must stay evictable under the new one (``clear`` and the
+        teardown empty the arena) and every hit stay the oracle's."""
+        switch_eviction(self.m, eviction)
+        assert self.m.index.eviction == self.m.config.eviction == eviction
 
     @rule()
     @precondition(lambda self: self.m is not None and not self.live)
