@@ -29,7 +29,10 @@ instead of guessing:
   saved the most prefill FLOPs over a recent window, once it beat the current one by
   ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
   lead never flips the policy back and forth) and, for miniature shadows, by ``Z_SWITCH``
-  standard errors of its paired per-request lead. The window
+  standard errors of its paired per-request lead. Beside that count, after every fed
+  request a sequential test (:mod:`hybridcache.decision`) adopts a candidate whose paired
+  lead, counted from its own pressure onset, clears a confidence sequence's boundary: a
+  clear lead is taken without waiting out the count. The window
   decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS`` shadow
   budgets' worth: long enough to see the cache turn over, short enough to follow a shift.
 
@@ -48,6 +51,7 @@ from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
 from hybridcache.config import CacheConfig
+from hybridcache.decision import PairTable, anytime_threshold
 from hybridcache.errors import ConfigError, UnknownNameError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.policies.value import WEIGHTINGS
@@ -78,9 +82,15 @@ BURST_FILLS = 1
 #: under pressure (four rounds of ``CONFIRM`` evaluations; two left agent and mixed at
 #: 2 GiB, 300 requests, 0.087 and 0.049 below their best candidate): a first decision even
 #: on a short trace; its cost amortises over a long one.
-EXPLORE_PAIRS = 192  # 4 x CONFIRM x EVAL_EVERY
+EXPLORE_PAIRS = 192
 EVAL_EVERY = 8
 CONFIRM = 6
+#: Beside the count rule, a sequential test after every fed request
+#: (:meth:`AdaptiveManager._take_clear_lead`): a lead that clears a confidence sequence's
+#: boundary at level ``ALPHA`` (:func:`~hybridcache.decision.anytime_threshold`, mixture
+#: width ``MIN_PAIRS``) is adopted at once. Off, the manager decides as before (tests).
+SEQUENTIAL = True
+ALPHA = 0.05
 #: ... and, where the shadows are miniatures (rate < 1), the lead must not be sampling
 #: noise: its mean per request (a paired sample: every shadow saw the request) this many
 #: standard errors above zero over at least MIN_PAIRS requests. At rate 1 the shadows see
@@ -285,6 +295,7 @@ class AdaptiveManager(HybridCacheManager):
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
         self._pressured = 0  # requests fed while every shadow was under pressure
         self._under_pressure = False
+        self._pairs = PairTable(len(self.candidates))
         self._credit = float(self._burst)
         base = replace(self.adaptive_config, tenant_quotas=None)
         for c in self.candidates:
@@ -377,18 +388,52 @@ class AdaptiveManager(HybridCacheManager):
         for s in self.shadows:
             if s.host is not None:
                 s.mirror(prompt_len, decay)
+        for i, s in enumerate(self.shadows):
+            if i not in self._pairs.rows and s.evictions:
+                self._pairs.start(i)
+        self._pairs.add([s.last for s in self.shadows], decay)
         if self._under_pressure:
             self._pressured += 1
         cur = self._shadow(self.current).last
         for s in self.shadows:
             s.pair.add(s.last - cur, decay)
         self._since_eval += 1
+        if SEQUENTIAL and self._take_clear_lead():
+            return
         if self._since_eval >= EVAL_EVERY:
             self._since_eval = 0
             self._follow_best()
 
     def _shadow(self, name: str) -> ShadowCache:
         return next(s for s in self.shadows if s.name == name)
+
+    def _take_clear_lead(self) -> bool:
+        """Adopt, after any fed request, the best-scoring candidate whose paired lead over
+        the current one clears the confidence sequence's boundary (:mod:`hybridcache.decision`).
+
+        A candidate is compared from its own pressure onset (:class:`PairTable`): before
+        its cache is full its savings overstate what it keeps once it must evict, while the
+        current candidate's not being under pressure yet only overstates the current one.
+        The boundary holds at every sample size at once, so testing after every request
+        adds no false switches, and a clear lead is taken without waiting out
+        :meth:`_follow_best`'s count of confirmations.
+        """
+        ci = next(i for i, s in enumerate(self.shadows) if s.name == self.current)
+        cur = self.shadows[ci]
+        best: ShadowCache | None = None
+        for i, s in enumerate(self.shadows):
+            lead = self._pairs.lead(i, ci)
+            if (lead is None or s.score <= cur.score * (1.0 + self._margin()) or (best is not None and s.score <= best.score)
+                    or lead.z(MIN_PAIRS) < anytime_threshold(lead.n, ALPHA, MIN_PAIRS)):
+                continue
+            best = s
+        if best is None:
+            return False
+        self._adopt(best)
+        return True
+
+    def _margin(self) -> float:
+        return EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
 
     def _follow_best(self) -> None:
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
@@ -415,20 +460,23 @@ class AdaptiveManager(HybridCacheManager):
             return
         cur = self._shadow(self.current)
         best = max(self.shadows, key=lambda s: s.score)
-        margin = EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
-        if best is cur or best.score <= cur.score * (1.0 + margin):
+        if best is cur or best.score <= cur.score * (1.0 + self._margin()):
             self._lead = (None, 0)
             return
         name, times = self._lead
         self._lead = (best.name, times + 1 if name == best.name else 1)
         if self._lead[1] >= CONFIRM and (self.rate >= 1.0 or best.pair.z(MIN_PAIRS) >= Z_SWITCH):
-            self._lead = (None, 0)
-            self._reset_pairs()
-            self._use(best.admission)
-            set_weighting(self, best.weighting)
-            self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
-            self.current = best.name
-            self.switches.append((self.finished, best.name))
+            self._adopt(best)
+
+    def _adopt(self, best: ShadowCache) -> None:
+        """Make ``best``'s setting the live one (cached entries stay)."""
+        self._lead = (None, 0)
+        self._reset_pairs()
+        self._use(best.admission)
+        set_weighting(self, best.weighting)
+        self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
+        self.current = best.name
+        self.switches.append((self.finished, best.name))
 
     def _reset_pairs(self) -> None:
         for s in self.shadows:
@@ -453,6 +501,12 @@ class AdaptiveManager(HybridCacheManager):
             self.rate = want
             self._build_shadows()
 
+    def _lead_z(self, i: int) -> float:
+        """Shadow ``i``'s paired lead over the current candidate, in standard errors."""
+        ci = next(j for j, s in enumerate(self.shadows) if s.name == self.current)
+        lead = self._pairs.lead(i, ci) if i != ci else None
+        return lead.z(1.0) if lead is not None else 0.0
+
     def adaptive_stats(self) -> dict[str, object]:
         """What the adaptation did: the rate, the candidate in force, the shadows' figures."""
         return {
@@ -467,6 +521,6 @@ class AdaptiveManager(HybridCacheManager):
             "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
                                  "min_seen": s.config.min_seen, "score": s.score,
                                  "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                                 "lead_z": s.pair.z(1.0)}
-                        for s in self.shadows},
+                                 "lead_z": self._lead_z(i)}
+                        for i, s in enumerate(self.shadows)},
         }

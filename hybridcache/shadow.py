@@ -105,6 +105,11 @@ class PairedDifference:
         self.s1 = self.s1 * decay + d
         self.s2 = self.s2 * decay + d * d
 
+    @property
+    def n(self) -> float:
+        """Effective sample size of the window (``W**2 / sum(w**2)``)."""
+        return self.w * self.w / self.w2 if self.w2 else 0.0
+
     def z(self, min_n: float) -> float:
         """Mean over its standard error (0 below ``min_n`` effective samples or when the
         mean is not positive; infinite for a positive mean with no spread)."""
