@@ -13,7 +13,12 @@ one block. Four engines, each in a fresh process:
 - the same with the partial-page copy skipped (``vllm_fine_mutant``): must fail the
   output check, so the check can fail.
 
-Greedy identity uses the rule of ``test_vllm_e2e.py`` (identical tokens, or a bf16 near-tie).
+Greedy identity uses the rule of ``test_vllm_e2e.py`` (identical tokens, or a bf16 near-tie),
+with the tolerance widened to how far vLLM's own prefix caching moves logprobs from caching
+off on the same run (``worst_deviation``). On a CPU whose bf16 kernels block by batch shape
+(AMX) even a request with no hit moves: measured there, vLLM at its strongest 0.074 from
+caching off (two requests diverge at their first token), ours 0.059, the mutant 0.113 (six
+requests diverge at their first token). Ours must be no farther than vLLM's own caching.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ try:
 except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
-from vllm_e2e_workload import SCHEDULER, STRONGEST, check_same_greedy, serve  # noqa: E402
+from vllm_e2e_workload import SCHEDULER, STRONGEST, check_same_greedy, serve, worst_deviation  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
@@ -54,10 +59,13 @@ def test_sub_block_hits_beat_vllm_strongest_with_exact_outputs(tiny_qwen3_next_w
     assert total_o >= 1.3 * total_b
     for rb, ro in zip(best["requests"], ours["requests"]):
         assert ro["num_cached_tokens"] >= rb["num_cached_tokens"], rb["name"]
-    for n in check_same_greedy(off, ours):
+    tol = worst_deviation(off, best)
+    print(f"  logprobs from caching off: vLLM strongest {tol:.4f}, hybridcache "
+          f"{worst_deviation(off, ours):.4f}, mutant {worst_deviation(off, mutant):.4f}")
+    for n in check_same_greedy(off, ours, tol):
         print("  " + n)
     stats = ours["hybridcache"]
     assert stats["tail_hits"] > 0 and stats["saves_dropped"] == 0
     assert _cached(mutant) == _cached(ours)  # same hits, but without the partial page ...
     with pytest.raises(AssertionError):
-        check_same_greedy(off, mutant)  # ... the outputs move
+        check_same_greedy(off, mutant, tol)  # ... the outputs move

@@ -10,9 +10,18 @@ fresh process (vLLM keeps process-wide state). Checks:
   and as vLLM at its strongest setting (``prefix_match_unit=16``,
   ``prefix_cache_retention_interval=None``);
 * the KDA state a hit restores (the snapshot's blocks, read from the engine) equals the
-  state a caching-off engine has after the same prefix: conv state exactly, fp32
-  recurrent state within ``STATE_TOL``; a snapshot compared with another prefix's state
+  state a caching-off engine has after the same prefix, within the rounding of the bf16
+  projections that feed it (the tolerances of :mod:`vllm_specdec_oracle`, per layer: conv
+  window within ``CONV_ULP_TOL`` bf16 ulps of its magnitude, fp32 recurrent state within
+  ``REC_REL_TOL`` of its magnitude); a snapshot compared with another prefix's state
   differs by far more (the check can fail).
+
+On rounding: the two engines compute the prefix in different batch shapes (the cached run
+in earlier, shorter requests), and on a CPU whose bf16 matrix kernels block by the batch
+shape (AMX) the attention layer before the second KDA layer rounds differently, which that
+layer's state then carries (measured on such a machine: the first KDA layer equal to
+1e-7, the second 0.6 ulp conv and 0.8 % recurrent; another prefix's state 124 ulps and
+25 %). Without AMX the states were bit-equal, which this check still admits.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ import vllm_tiny_kimi as kimi  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-STATE_TOL = 1e-5  # fp32 recurrent state: batch-shape rounding of the bf16 projections
+from vllm_specdec_oracle import CONV_ULP_TOL, REC_REL_TOL, _bf16_ulp  # noqa: E402
 
 
 def _total(run: dict) -> int:
@@ -77,14 +86,15 @@ def test_kda_restored_state_equals_no_cache_state(kda_runs):
     snaps = torch.load(kda_runs["dir"] / "ours.pt")
     truth = torch.load(kda_runs["dir"] / "off.pt")
     assert snaps and set(snaps) == set(truth)
-    worst = 0.0
+    worst_ulps = worst_rel = 0.0
     for name, layers in snaps.items():
         for layer, (conv, rec) in layers.items():
             t_conv, t_rec = truth[name][layer]
-            assert torch.equal(conv, t_conv), (name, layer)
-            worst = max(worst, float((rec - t_rec).abs().max()))
-    print(f"\nmax |restored - no-cache| recurrent state: {worst:.3g} over {len(snaps)} hits")
-    assert worst <= STATE_TOL
+            ulps, rel = _distance(conv, rec, t_conv, t_rec)
+            assert ulps <= CONV_ULP_TOL and rel <= REC_REL_TOL, (name, layer, ulps, rel)
+            worst_ulps, worst_rel = max(worst_ulps, ulps), max(worst_rel, rel)
+    print(f"\nrestored vs no-cache state, worst layer: conv {worst_ulps:.3g} bf16 ulps, "
+          f"recurrent {worst_rel:.3g} of its magnitude, over {len(snaps)} hits")
     # The same comparison against another prefix's state fails by far.
     names = sorted(snaps)
     prompts = {r["name"]: r["prompt"][: r["num_cached_tokens"]] for r in kda_runs["ours"]["requests"]}
@@ -92,4 +102,14 @@ def test_kda_restored_state_equals_no_cache_state(kda_runs):
     assert pairs
     for a, b in pairs:
         layer = next(iter(snaps[a]))
-        assert float((snaps[a][layer][1] - truth[b][layer][1]).abs().max()) > 100 * STATE_TOL
+        ulps, rel = _distance(*snaps[a][layer], *truth[b][layer])
+        assert ulps > 10 * CONV_ULP_TOL and rel > REC_REL_TOL, (a, b, ulps, rel)
+
+
+def _distance(conv, rec, t_conv, t_rec) -> tuple[float, float]:
+    """Conv window difference in bf16 ulps of the truth's magnitude, and the recurrent
+    state's difference over the truth's magnitude (as ``vllm_specdec_oracle.compare``)."""
+    d_conv = float((conv.float() - t_conv.float()).abs().max())
+    d_rec = float((rec - t_rec).abs().max())
+    return (d_conv / _bf16_ulp(float(t_conv.float().abs().max())),
+            d_rec / max(float(t_rec.abs().max()), 1e-30))

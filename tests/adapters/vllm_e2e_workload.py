@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import subprocess
@@ -41,7 +42,11 @@ QUESTION_LEN = 30
 LATE_USER_LENS = (190, 150)
 MAX_TOKENS = 24
 
-TOL = 0.02  # logprob tolerance of check_same_greedy
+#: Logprobs recorded per position: a random tiny model's next-token distribution is nearly
+#: flat (logprobs near -5.6 over a 280-token vocabulary), so three tokens can tie within one
+#: bf16 step (seen on an AMX CPU: the cached run picked the third of the other's top two).
+TOP_LOGPROBS = 5
+TOL = 0.02  # logprob tolerance of check_same_greedy (at least; see close())
 SCHEDULER = "hybridcache.adapters.vllm.HybridCacheScheduler"
 
 
@@ -90,7 +95,7 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
     kw.update(engine or {})
     llm = LLM(**kw)
     startup = time.time() - t0
-    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=2)
+    sp = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True, logprobs=TOP_LOGPROBS)
     rng = random.Random(1234)
     results: list[dict] = []
 
@@ -99,7 +104,7 @@ def run(model: str, scheduler_cls: str | None, additional: dict | None, dtype: s
         got = []
         for (name, ids), o in zip(named, outs):
             out = list(o.outputs[0].token_ids)
-            # Per position, the logprobs of the top-2 tokens and of the chosen one (to tell
+            # Per position, the logprobs of the top tokens and of the chosen one (to tell
             # a numerical near-tie from a real divergence).
             lps = [
                 {str(k): v.logprob for k, v in cand.items()}
@@ -166,10 +171,39 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-def check_same_greedy(native: dict, ours: dict) -> list[str]:
+def close(x: float, y: float, tol: float = 0.0) -> bool:
+    """``|x - y|`` below ``TOL`` or one bfloat16 rounding step at their magnitude.
+
+    The logits are bf16: at a logprob of -5.55 one bf16 step is 2**-5 = 0.031, wider than
+    ``TOL``, and a CPU whose bf16 matrix kernels block by the batch shape (AMX) moves values
+    by that step when a run resumes from a different cached prefix (measured: 0.027 on
+    sessionA-turn1, the same on the commit before any change of ours). A state or a page
+    taken from the wrong prefix moves logprobs by far more, from the first token on.
+    """
+    m = max(abs(x), abs(y))
+    step = 2.0 ** (math.floor(math.log2(m)) - 7) if m > 0 else 0.0
+    return abs(x - y) < max(TOL, step, tol)
+
+
+def worst_deviation(ref: dict, run: dict) -> float:
+    """Largest logprob difference from ``ref`` at ``ref``'s chosen tokens, up to and at each
+    request's first divergence: how far a run's rounding moved it (``test_vllm_fine_e2e``
+    measures vLLM's own prefix caching against caching off this way)."""
+    worst = 0.0
+    for a, b in zip(ref["requests"], run["requests"]):
+        d = first_divergence(a["output"], b["output"])
+        for i in range(len(a["output"]) if d is None else d + 1):
+            tok = str(a["output"][i])
+            if tok in b["logprobs"][i]:
+                worst = max(worst, abs(a["logprobs"][i][tok] - b["logprobs"][i][tok]))
+    return worst
+
+
+def check_same_greedy(native: dict, ours: dict, tol: float = 0.0) -> list[str]:
     """Assert identity up to bf16 near-ties (``test_vllm_e2e.py``'s module docstring): the
     same tokens, or a first divergence where both runs' two competing tokens are within
     ``TOL`` of each other and of the other run's, every logprob before it within ``TOL``.
+    ``tol`` widens the tolerance (a measured bound on rounding, see :func:`worst_deviation`).
     Returns the near-tie notes."""
     notes = []
     for a, b in zip(native["requests"], ours["requests"]):
@@ -178,14 +212,14 @@ def check_same_greedy(native: dict, ours: dict) -> list[str]:
         upto = len(a["output"]) if d is None else d
         for i in range(upto):
             tok = str(a["output"][i])
-            assert abs(a["logprobs"][i][tok] - b["logprobs"][i][tok]) < TOL, (a["name"], i)
+            assert close(a["logprobs"][i][tok], b["logprobs"][i][tok], tol), (a["name"], i)
         if d is None:
             continue
         tn, to = str(a["output"][d]), str(b["output"][d])
         la, lb = a["logprobs"][d], b["logprobs"][d]
-        assert to in la and tn in lb, f"{a['name']}@{d}: tokens not among each other's top 2"
-        assert abs(la[tn] - la[to]) < TOL and abs(lb[tn] - lb[to]) < TOL, (a["name"], d, la, lb)
-        assert abs(la[tn] - lb[tn]) < TOL and abs(la[to] - lb[to]) < TOL, (a["name"], d, la, lb)
+        assert to in la and tn in lb, f"{a['name']}@{d}: tokens not among each other's top {TOP_LOGPROBS}"
+        assert close(la[tn], la[to], tol) and close(lb[tn], lb[to], tol), (a["name"], d, la, lb)
+        assert close(la[tn], lb[tn], tol) and close(la[to], lb[to], tol), (a["name"], d, la, lb)
         notes.append(f"{a['name']}: near-tie at token {d} ({la[tn]:.4f} vs {la[to]:.4f})")
     return notes
 
