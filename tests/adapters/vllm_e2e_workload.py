@@ -171,6 +171,11 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
+def bf16_ulp(x: float) -> float:
+    """One bfloat16 rounding step at magnitude ``x`` (8 significant bits)."""
+    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
+
+
 def close(x: float, y: float, tol: float = 0.0) -> bool:
     """``|x - y|`` below ``TOL`` or one bfloat16 rounding step at their magnitude.
 
@@ -180,9 +185,7 @@ def close(x: float, y: float, tol: float = 0.0) -> bool:
     sessionA-turn1, the same on the commit before any change of ours). A state or a page
     taken from the wrong prefix moves logprobs by far more, from the first token on.
     """
-    m = max(abs(x), abs(y))
-    step = 2.0 ** (math.floor(math.log2(m)) - 7) if m > 0 else 0.0
-    return abs(x - y) < max(TOL, step, tol)
+    return abs(x - y) < max(TOL, bf16_ulp(max(abs(x), abs(y))), tol)
 
 
 def worst_deviation(ref: dict, run: dict) -> float:

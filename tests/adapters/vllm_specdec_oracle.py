@@ -340,10 +340,7 @@ REC_REL_TOL = 0.05  # max |state - truth| / max |truth|, per layer
 CONV_ULP_TOL = 2.0  # max |window - truth| in bf16 ulps of max |truth window|, per layer
 
 
-def _bf16_ulp(x: float) -> float:
-    import math
-
-    return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
+from vllm_e2e_workload import bf16_ulp as _bf16_ulp  # noqa: E402 - one definition of a bf16 step
 
 
 def compare(capture: dict, truth: dict) -> list[dict]:
