@@ -30,6 +30,7 @@ import gc
 import statistics
 import time
 
+import hybridcache.adaptive as adaptive_module
 from hybridcache.adaptive import candidate_settings
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
@@ -62,7 +63,10 @@ def main() -> None:
     ap.add_argument("--model", default="kimi-linear-48b")
     ap.add_argument("--capacity", default="64GiB")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--racing", choices=("on", "off"), default="on",
+                    help="retire candidates that cannot win (hybridcache.adaptive.RETIRE); off: replay all")
     args = ap.parse_args()
+    adaptive_module.RETIRE = args.racing == "on"
     spec, cap = get_preset(args.model), parse_size(args.capacity)
     reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants)
     fixed, adaptive = CacheConfig(hash_unit=16), CacheConfig(hash_unit=16, admission="adaptive")
@@ -88,7 +92,7 @@ def main() -> None:
         phase = "exploring" if st["exploring"] else "budgeted"
         print(f"round {k}: fixed {f[0] * 1e6:.0f} us/request (hit {f[1]:.3f}), start setting {s0[0] * 1e6:.0f}, "
               f"adaptive {a[0] * 1e6:.0f} (hit {a[1]:.3f}, rate {a[2].rate:.3f}, shadow work "
-              f"{st['overhead_units']:.3f} of live, {phase}): {ratios[-1]:.2f}x, {machinery[-1]:.2f}x of start "
+              f"{st['overhead_units']:.3f} of live, {phase}, {st['retirements']} retired): {ratios[-1]:.2f}x, {machinery[-1]:.2f}x of start "
               f"(CPU time {cpu_ratios[-1]:.2f}x, {cpu_machinery[-1]:.2f}x; of the fixed one's CPU time: "
               f"shadow replays {shadow_part[-1]:.3f}, the rest {live_part[-1]:.3f})")
     print(f"{args.kind}, {args.tenants} tenants, {args.requests} requests, {args.model}, {args.capacity}: "

@@ -39,6 +39,25 @@ def anytime_threshold(n: float, alpha: float, rho: float) -> float:
     return math.sqrt((1.0 + rho / n) * (math.log1p(n / rho) + 2.0 * math.log(1.0 / alpha)))
 
 
+def upper_bound(pair: PairedDifference, alpha: float, rho: float) -> float:
+    """An upper confidence bound, holding at every sample size at once, on the mean of
+    ``pair``'s per-request difference: its mean plus :func:`anytime_threshold` standard
+    errors (infinite before ``rho`` effective samples: too few to bound anything).
+
+    Where the bound falls below what a switch needs (the margin), the candidate cannot
+    become the one to follow on this evidence: the adaptive manager stops replaying it
+    (``AdaptiveManager._retire_futile``), the racing rule of algorithm configuration
+    (Maron & Moore's Hoeffding races, F-Race) with a time-uniform bound, so that checking
+    after every request adds no premature retirements.
+    """
+    n = pair.n
+    if n < rho or not pair.w:
+        return math.inf
+    mean = pair.s1 / pair.w
+    var = max(0.0, pair.s2 / pair.w - mean * mean)
+    return mean + anytime_threshold(n, alpha, rho) * math.sqrt(var * pair.w2 / (pair.w * pair.w))
+
+
 class PairTable:
     """Windowed paired differences between shadows, each row from its shadow's onset.
 
@@ -58,12 +77,24 @@ class PairTable:
         if i not in self.rows:
             self.rows[i] = [PairedDifference() for _ in range(self.k)]
 
-    def add(self, saved: list[float], decay: float) -> None:
+    def add(self, saved: list[float], decay: float, idle: frozenset[int] = frozenset()) -> None:
+        """One fed request's savings; the rows and columns of ``idle`` shadows (not
+        replayed: retired) are left as they are."""
         for i, row in self.rows.items():
+            if i in idle:
+                continue
             mine = saved[i]
             for j, pair in enumerate(row):
-                if j != i:
+                if j != i and j not in idle:
                     pair.add(mine - saved[j], decay)
+
+    def restart(self, i: int) -> None:
+        """Forget every comparison with shadow ``i`` and open its row afresh (its cache was
+        replaced: what it measured before says nothing of the new one)."""
+        for j, row in self.rows.items():
+            if j != i:
+                row[i] = PairedDifference()
+        self.rows[i] = [PairedDifference() for _ in range(self.k)]
 
     def lead(self, i: int, j: int) -> PairedDifference | None:
         """Shadow ``i``'s paired lead over shadow ``j`` (None before ``i``'s onset)."""

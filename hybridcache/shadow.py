@@ -181,7 +181,18 @@ class ShadowCache:
     def fork(self) -> None:
         """Take a copy of the host's cache, keeping this setting's own rules (from now on
         the two differ and each is fed on its own)."""
-        own, src = self.mgr, self.host.mgr
+        self.copy_cache(self.host)
+
+    def copy_cache(self, src_shadow: ShadowCache) -> None:
+        """Make this shadow's cache a copy of ``src_shadow``'s (its host's if it is a twin),
+        keeping this setting's own rules; fed on its own from now on.
+
+        The copy's cached entries keep the rank the source gave them, as the live cache's do
+        when it adopts a setting (:func:`hybridcache.adaptive.set_weighting` re-ranks only
+        where the eviction policy itself changes): a shadow restarted from the live
+        candidate's cache measures what switching to it now would do."""
+        src_shadow = src_shadow.host or src_shadow
+        own, src = self.mgr, src_shadow.mgr
         # The manager's __new__ takes the constructor's arguments, so the copy is built
         # field by field; the memo makes the parts that point back at it point at the copy
         # and shares the model spec (immutable).
@@ -189,7 +200,7 @@ class ShadowCache:
         memo = {id(src): self.mgr, id(src.spec): src.spec}
         self.mgr.__dict__.update(copy.deepcopy(src.__dict__, memo))
         self.mgr.config, self.mgr.admission = own.config, own.admission
-        self._next_id = self.host._next_id
+        self._next_id = src_shadow._next_id
         self.host = None
 
     @property
