@@ -95,6 +95,11 @@ def test_short_conv_split_and_state_at():
     assert (y - ref).abs().max() < 1e-6
     ya, ha = short_conv(x[:7], w, st0)
     yb, _ = short_conv(x[7:], w, conv_state_at(ha, 7, 4))
-    assert torch.equal(torch.cat([ya, yb]), y)
+    # Equal up to float32 rounding: the split runs the same sums over shorter inputs, which
+    # a CPU may vectorise differently (bit-equal on AVX-512 machines; 1.5e-8 apart on an
+    # AVX2-only one, 2026-12-02), within one ulp at the output's scale. A wrong carried
+    # state moves the outputs by O(1).
+    one_ulp = torch.finfo(torch.float32).eps * y.abs().max()
+    assert (torch.cat([ya, yb]) - y).abs().max() <= one_ulp
     assert torch.equal(conv_state_at(hist, 20, 4), x[-3:].T)
     assert torch.equal(conv_state_at(hist, 0, 4), st0)
