@@ -462,7 +462,7 @@ class AdaptiveManager(HybridCacheManager):
         back those retired a window ago.
 
         A candidate is retired when its paired lead over the current one (from its own
-        pressure onset, :class:`PairTable`) has an anytime upper bound below the switch
+        pressure onset, :class:`PairTable`) is negative and has an anytime upper bound below the switch
         margin times the current candidate's mean saving per request: it can reach neither
         switch rule (both ask for that margin) unless the workload changes. Its twin, if
         one follows it, is forked first. A retired candidate comes back once the window

@@ -46,7 +46,7 @@ def upper_bound(pair: PairedDifference, alpha: float, rho: float) -> float:
 
     Where the bound falls below what a switch needs (the margin), the candidate cannot
     become the one to follow on this evidence: the adaptive manager stops replaying it
-    (``AdaptiveManager._retire_futile``), the racing rule of algorithm configuration
+    (``AdaptiveManager._race``, which also asks for a negative mean), the racing rule of algorithm configuration
     (Maron & Moore's Hoeffding races, F-Race) with a time-uniform bound, so that checking
     after every request adds no premature retirements.
     """
