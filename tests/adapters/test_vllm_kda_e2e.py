@@ -37,7 +37,7 @@ import vllm_tiny_kimi as kimi  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
-from vllm_e2e_workload import avx2_only_cpu  # noqa: E402
+from cpu_skips import skip_on_avx2_only  # noqa: E402
 from vllm_specdec_oracle import CONV_ULP_TOL, REC_REL_TOL, _bf16_ulp  # noqa: E402
 
 
@@ -66,8 +66,7 @@ def kda_runs(tmp_path_factory) -> dict:
     return runs
 
 
-@pytest.mark.skipif(avx2_only_cpu(), reason="AVX2-only CPU: emulated bf16; outputs differed from caching off "
-                    "in one request, not yet told apart from rounding (vllm_e2e_workload.avx2_only_cpu)")
+@skip_on_avx2_only("one request's greedy tokens")
 def test_kda_outputs_identical_to_caching_off(kda_runs):
     for a, b in zip(kda_runs["off"]["requests"], kda_runs["ours"]["requests"]):
         assert a["name"] == b["name"] and a["output"] == b["output"], a["name"]

@@ -39,20 +39,11 @@ except ImportError as exc:
 
 import vllm_specdec_oracle as oracle  # noqa: E402
 import vllm_tiny_kimi as kimi  # noqa: E402
-from vllm_e2e_workload import avx2_only_cpu  # noqa: E402
+from cpu_skips import TORCH_PATH_REASON, skip_on_avx2_only, torch_gdn_spec_path  # noqa: E402
 
-#: This CPU's vLLM GDN speculative step is vLLM's own AMX / Arm-bf16 kernel, not the torch
-#: path the plug-in routes to its whole-column forward (``cpu_kernels.torch_gdn_spec_path``):
-#: there the scheduler makes no sub-block tails after a step with drafts (the safe answer,
-#: as on GPUs), and bf16 rounding by batch shape moves greedy outputs of the flat random
-#: models. These checks were built and measured on the torch path; on such a CPU they are
-#: skipped (seen on an AMX machine, 2026-12-02: KDA outputs with drafts differed from caching
-#: off in 3 requests, not yet told apart from that rounding).
-from hybridcache.adapters.vllm.cpu_kernels import torch_gdn_spec_path  # noqa: E402
-
+#: Built and measured on vLLM's torch GDN speculative path: skipped elsewhere (cpu_skips).
 pytestmark = [pytest.mark.slow, pytest.mark.vllm,
-              pytest.mark.skipif(not torch_gdn_spec_path(),
-                                 reason="vLLM's GDN speculative step is not the torch path on this CPU (AMX / Arm bf16)")]
+              pytest.mark.skipif(not torch_gdn_spec_path(), reason=TORCH_PATH_REASON)]
 
 
 def _total(run: dict) -> int:
@@ -104,8 +95,7 @@ def test_specdec_kda_matches_caching_off(tiny_kimi, tmp_path):
     _check(tiny_kimi, tmp_path, "KDA")
 
 
-@pytest.mark.skipif(avx2_only_cpu(), reason="AVX2-only CPU: emulated bf16; one request's output with drafts "
-                    "differed from caching off, not yet told apart from rounding (vllm_e2e_workload.avx2_only_cpu)")
+@skip_on_avx2_only("one request's output with drafts")
 def test_specdec_qwen3_next_matches_caching_off(tiny_qwen3_next, tmp_path):
     off, spec = _check(tiny_qwen3_next, tmp_path, "Qwen3-Next")
     mutant = kimi.serve(tiny_qwen3_next, tmp_path / "mutant.json", "ours", spec_tokens=3,

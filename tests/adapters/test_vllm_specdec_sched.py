@@ -37,21 +37,12 @@ except ImportError as exc:
     pytest.skip(f"vLLM adapter not importable: {exc}", allow_module_level=True)
 
 import vllm_sched_harness as h  # noqa: E402
+from cpu_skips import needs_torch_gdn_spec_path  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
-#: This CPU's vLLM GDN speculative step is vLLM's own AMX / Arm-bf16 kernel, not the torch
-#: path the plug-in routes to its whole-column forward (``cpu_kernels.torch_gdn_spec_path``):
-#: there the scheduler makes no sub-block tails after a step with drafts (the safe answer,
-#: as on GPUs). The two checks of tails under drafts below were built for the torch path; on
-#: such a CPU they are skipped (seen on an AMX machine, 2026-12-02).
-
-
-def _needs_torch_path() -> None:
-    from hybridcache.adapters.vllm.cpu_kernels import torch_gdn_spec_path
-
-    if not torch_gdn_spec_path():
-        pytest.skip("vLLM's GDN speculative step is not the torch path on this CPU (AMX / Arm bf16)")
+#: The two checks of tails under drafts below were built for vLLM's torch GDN speculative
+#: path and skip elsewhere (cpu_skips).
 
 K = 3  # draft tokens per step
 
@@ -481,7 +472,7 @@ def test_mutation_tail_of_a_rejected_draft_state_fails(model_dir):
 def test_scheduler_keeps_sub_block_tails_under_spec_decode(model_dir, caplog):
     """The default 16-token unit keeps tails with drafts; an INFO line says where they are
     made (here, vLLM's CPU build with the plug-in's forwards: at every accepted boundary)."""
-    _needs_torch_path()
+    needs_torch_gdn_spec_path()
     import logging
 
     from hybridcache.adapters.vllm.cpu_kernels import speculative_columns_whole
@@ -572,7 +563,7 @@ class _TakesColumnsBeforeCounting:
 
 
 def test_mutation_taking_columns_before_counting_fails(model_dir):
-    _needs_torch_path()
+    needs_torch_gdn_spec_path()
     from hybridcache.adapters.vllm.spec_decode import SpecDecodeKVCacheManager
 
     class Mutant(_TakesColumnsBeforeCounting, SpecDecodeKVCacheManager):

@@ -171,19 +171,6 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-def avx2_only_cpu() -> bool:
-    """Whether torch's CPU kernels here top out at AVX2 (no AVX-512, no AMX), where bf16
-    matrix products are emulated. On such a machine (an AMD EPYC, 2026-12-02) two output
-    checks calibrated on AVX-512 and AMX machines failed: the tiny KDA model's greedy tokens
-    with hybridcache differed from caching off at token 6 of one request, and Qwen3-Next
-    with speculative decoding in one request. Not yet told apart from the emulated bf16's
-    rounding by batch shape (docs/vllm.md, "What is open"); those checks skip here, with
-    that reason, until a logprob-aware rule covers this CPU."""
-    import torch
-
-    return torch.backends.cpu.get_cpu_capability() == "AVX2"
-
-
 def bf16_ulp(x: float) -> float:
     """One bfloat16 rounding step at magnitude ``x`` (8 significant bits)."""
     return 2.0 ** (math.floor(math.log2(x)) - 7) if x > 0 else 2.0 ** -133
