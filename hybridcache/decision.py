@@ -53,9 +53,8 @@ def upper_bound(pair: PairedDifference, alpha: float, rho: float) -> float:
     n = pair.n
     if n < rho or not pair.w:
         return math.inf
-    mean = pair.s1 / pair.w
-    var = max(0.0, pair.s2 / pair.w - mean * mean)
-    return mean + anytime_threshold(n, alpha, rho) * math.sqrt(var * pair.w2 / (pair.w * pair.w))
+    mean, var = pair.moments()
+    return mean + anytime_threshold(n, alpha, rho) * pair.stderr(var)
 
 
 class PairTable:

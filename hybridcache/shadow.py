@@ -115,11 +115,19 @@ class PairedDifference:
         mean is not positive; infinite for a positive mean with no spread)."""
         if not self.w or self.w * self.w / self.w2 < min_n or self.s1 <= 0:
             return 0.0
-        mean = self.s1 / self.w
-        var = max(0.0, self.s2 / self.w - mean * mean)
+        mean, var = self.moments()
         if var <= mean * mean * 1e-12:
             return math.inf
-        return mean / math.sqrt(var * self.w2 / (self.w * self.w))
+        return mean / self.stderr(var)
+
+    def moments(self) -> tuple[float, float]:
+        """The window's mean and variance of the differences (call with ``w`` > 0)."""
+        mean = self.s1 / self.w
+        return mean, max(0.0, self.s2 / self.w - mean * mean)
+
+    def stderr(self, var: float) -> float:
+        """The standard error of the window's mean, for a variance ``var`` of its samples."""
+        return math.sqrt(var * self.w2 / (self.w * self.w))
 
 
 class _Taken:
