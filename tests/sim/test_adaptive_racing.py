@@ -56,39 +56,33 @@ def test_pair_table_restart_forgets_one_shadow_only():
     assert table.lead(1, 2).s1 == -5.0 and table.lead(2, 1).s1 == 5.0  # the rest kept
 
 
-def _run(kind: str, seed: int, gib: int, n: int, retire: bool, monkeypatch) -> Replay:
+def _run(spec, kind: str, seed: int, gib: int, n: int, retire: bool, monkeypatch) -> Replay:
     monkeypatch.setattr(adaptive, "RETIRE", retire)
     trace = Trace(f"<{kind}:{seed}>", "tokens", generate(kind, n, seed=seed, tenants=2))
-    run = Replay(trace, kimi_spec(), gib << 30, ADAPTIVE)
+    run = Replay(trace, spec, gib << 30, ADAPTIVE)
     run.advance()
     return run
 
 
-def kimi_spec():
-    from hybridcache.presets import get_preset
-
-    return get_preset("kimi-linear-48b")
-
-
 @pytest.mark.parametrize(("kind", "seed", "gib"), [("agent", 10, 1), ("agent", 7, 4), ("docs", 9, 8)])
-def test_racing_decides_as_before_with_less_shadow_work(kind, seed, gib, monkeypatch):
+def test_racing_decides_as_before_with_less_shadow_work(kimi, kind, seed, gib, monkeypatch):
     """Measured 2026-12-02 on these cells (and on every cell of seeds 5-12: docs/results.md):
     the same switches at the same requests and the same hit tokens, the shadows' work cut
     (agent:10 at 1 GiB: 7.0 -> 2.9 of the live work). Retiring on the mean lead alone,
     without the bound, changes the switches here (checked by mutation); retiring ties too
     (no sign test) fails ``test_clear_lead_is_taken_before_the_count_of_confirmations``."""
-    on, off = (_run(kind, seed, gib, 200, r, monkeypatch) for r in (True, False))
+    on, off = (_run(kimi, kind, seed, gib, 200, r, monkeypatch) for r in (True, False))
     assert on.mgr.switches == off.mgr.switches and on.hit_tokens == off.hit_tokens
     st_on, st_off = on.mgr.adaptive_stats(), off.mgr.adaptive_stats()
     assert st_on["retirements"] > 0 and st_off["retirements"] == 0
     assert st_on["overhead_units"] < st_off["overhead_units"], (st_on["overhead_units"], st_off["overhead_units"])
 
 
-def test_a_retired_shadow_is_not_replayed_and_never_adopted(monkeypatch):
+def test_a_retired_shadow_is_not_replayed_and_never_adopted(kimi, monkeypatch):
     monkeypatch.setattr(adaptive, "RETIRE", True)
     monkeypatch.setattr(adaptive, "REENTER_FILLS", math.inf)  # retired for good: watch it idle
     trace = Trace("<agent:10>", "tokens", generate("agent", 200, seed=10, tenants=2))
-    run = Replay(trace, kimi_spec(), 1 << 30, ADAPTIVE)
+    run = Replay(trace, kimi, 1 << 30, ADAPTIVE)
     run.advance(120)
     m = run.mgr
     retired = list(m._retired)
@@ -102,8 +96,8 @@ def test_a_retired_shadow_is_not_replayed_and_never_adopted(monkeypatch):
         assert all(name != m.shadows[i].name for _, name in m.switches[1:])
 
 
-def test_a_returning_shadow_starts_from_the_current_candidates_cache(monkeypatch):
-    run = _run("mixed", 9, 1, 80, True, monkeypatch)
+def test_a_returning_shadow_starts_from_the_current_candidates_cache(kimi, monkeypatch):
+    run = _run(kimi, "mixed", 9, 1, 80, True, monkeypatch)
     m = run.mgr
     cur = m._shadow(m.current)
     ci = m.shadows.index(cur)
