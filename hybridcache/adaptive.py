@@ -50,19 +50,16 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
+from hybridcache.adoption import RANKINGS as RANKINGS  # re-exported: what a candidate ranks by
+from hybridcache.adoption import set_weighting
 from hybridcache.config import CacheConfig
 from hybridcache.decision import PairTable, anytime_threshold, upper_bound
-from hybridcache.errors import ConfigError, UnknownNameError
+from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
-from hybridcache.policies.value import WEIGHTINGS
-from hybridcache.policy_switch import switch_eviction
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.spec import ModelSpec
 
 ADAPTIVE = "adaptive"
-#: What a candidate's ``weighting`` may name: a weighting of value eviction, or an eviction
-#: policy of its own (Marconi's utility), which the live cache switches to (set_weighting).
-RANKINGS = (*WEIGHTINGS, "marconi")
 #: The rules every candidate but one keeps (prompt end, turn end, branch points).
 BASE_RULES = "last-token+turn-end+branch-point"
 #: Checkpoint spacings of the candidates, in the model's tokens-per-snapshot (0 = none).
@@ -133,7 +130,8 @@ def _round_up(n: float, unit: int) -> int:
 
 class Candidate(NamedTuple):
     """One setting the adaptive manager can follow: admission rules, the eviction ranking
-    (:data:`RANKINGS`: value eviction's weighting, or ``marconi``) and ``min_seen``."""
+    (:data:`RANKINGS`: value eviction's weighting, or an eviction policy: ``lru``,
+    ``marconi``) and ``min_seen``."""
 
     name: str
     admission: str
@@ -204,36 +202,6 @@ def spare_interval(candidates: list[Candidate], unit: int) -> int:
     """
     spans = [AdmissionPolicy.parse(c.admission, unit).interval for c in candidates]
     return min((n for n in spans if n), default=0)
-
-
-def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
-    """Set how ``mgr`` ranks eviction victims: a weighting of value eviction
-    (:data:`~hybridcache.policies.value.WEIGHTINGS`) or another eviction policy by name
-    (:data:`RANKINGS`: ``marconi``).
-
-    A value weighting on value eviction is a knob (no-op for a policy configured otherwise):
-    entries queued already keep their rank until they are touched again. Anything else changes the eviction policy of the live
-    cache, which re-ranks every cached entry into the new policy's queues
-    (:func:`hybridcache.policy_switch.switch_eviction`): a Marconi candidate's lead comes from
-    its utility ranking (FLOP efficiency beside recency over the oldest entries), which no
-    weighting of GreedyDual's single priority reproduces.
-    """
-    if weighting not in RANKINGS:
-        raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(RANKINGS)}")
-    if weighting not in WEIGHTINGS:
-        switch_eviction(mgr, weighting)
-        return
-
-    def knobs() -> None:
-        for q in (mgr.index.kv_q, mgr.index.snap_q):
-            if hasattr(q, "freq"):
-                q.freq = weighting == "gdsf"
-                q.uniform = weighting == "recency"
-
-    if mgr.index.eviction in RANKINGS:  # a candidate's own policy: back to value eviction
-        switch_eviction(mgr, "value", prepare=knobs)  # re-ranked with the knobs set
-    else:
-        knobs()
 
 
 class AdaptiveManager(HybridCacheManager):

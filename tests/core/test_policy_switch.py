@@ -119,16 +119,18 @@ def test_a_switch_keeps_the_cache_and_its_hits():
     assert live.arena.pages_in_use == 0 and live.arena.slots_in_use == 0
 
 
-def test_set_weighting_switches_to_marconi_and_back_to_a_value_weighting():
-    """The adaptive policy's hook (hybridcache.adaptive.set_weighting): a ``marconi``
-    ranking switches the live cache's policy, a value weighting switches it back, re-ranked
-    with that weighting's knobs set (``recency``: uniform value per entry)."""
+@pytest.mark.parametrize("ranking", ["marconi", "lru"])
+def test_set_weighting_switches_to_a_policy_and_back_to_a_value_weighting(ranking):
+    """The adaptive policy's hook (hybridcache.adaptive.set_weighting): a ranking that is an
+    eviction policy (``marconi``, ``lru``) switches the live cache's policy, a value
+    weighting switches it back, re-ranked with that weighting's knobs set (``recency``:
+    uniform value per entry)."""
     from hybridcache.adaptive import set_weighting
 
     live = _manager("value", ADMISSIONS[1])
     _workload(live, 7)
-    set_weighting(live, "marconi")
-    assert live.index.eviction == live.config.eviction == "marconi"
+    set_weighting(live, ranking)
+    assert live.index.eviction == live.config.eviction == ranking
     set_weighting(live, "recency")
     assert live.index.eviction == live.config.eviction == "value"
     assert live.index.kv_q.uniform and live.index.snap_q.uniform and not live.index.kv_q.freq
@@ -136,3 +138,4 @@ def test_set_weighting_switches_to_marconi_and_back_to_a_value_weighting():
     set_weighting(fresh, "recency")
     _workload(fresh, 7)
     assert _value_ranks(live) == _value_ranks(fresh)
+

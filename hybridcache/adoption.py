@@ -1,0 +1,56 @@
+"""What adopting a candidate setting does to a live manager, beyond its admission rules.
+
+The adaptive policy (:mod:`hybridcache.adaptive`) makes a candidate's setting the live one
+when its shadow leads. Its eviction ranking is not a rule the next request reads
+(:func:`set_weighting`): a weighting of value eviction is a knob on the live queues; an
+eviction policy of its own (SGLang's ``lru``, Marconi's utility) means re-ranking every
+cached entry into that policy's queues (:func:`hybridcache.policy_switch.switch_eviction`).
+
+Cached entries otherwise stay as the previous setting left them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hybridcache.errors import UnknownNameError
+from hybridcache.policies.value import WEIGHTINGS
+from hybridcache.policy_switch import switch_eviction
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.manager import HybridCacheManager
+
+#: What a candidate's ``weighting`` may name: a weighting of value eviction, or an eviction
+#: policy of its own (SGLang's LRU, Marconi's utility), which the live cache switches to.
+RANKINGS = (*WEIGHTINGS, "lru", "marconi")
+
+
+def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
+    """Set how ``mgr`` ranks eviction victims: a weighting of value eviction
+    (:data:`~hybridcache.policies.value.WEIGHTINGS`) or another eviction policy by name
+    (:data:`RANKINGS`: ``lru``, ``marconi``).
+
+    A value weighting on value eviction is a knob (no-op for a policy configured otherwise):
+    entries queued already keep their rank until they are touched again. Anything else
+    changes the eviction policy of the live cache, which re-ranks every cached entry into the new policy's queues
+    (:func:`hybridcache.policy_switch.switch_eviction`): a Marconi candidate's lead comes from
+    its utility ranking (FLOP efficiency beside recency over the oldest entries), which no
+    weighting of GreedyDual's single priority reproduces; SGLang's (``lru``: KV past the
+    last snapshot first, then the least recently released entry) is a policy of its own.
+    """
+    if weighting not in RANKINGS:
+        raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(RANKINGS)}")
+    if weighting not in WEIGHTINGS:
+        switch_eviction(mgr, weighting)
+        return
+
+    def knobs() -> None:
+        for q in (mgr.index.kv_q, mgr.index.snap_q):
+            if hasattr(q, "freq"):
+                q.freq = weighting == "gdsf"
+                q.uniform = weighting == "recency"
+
+    if mgr.index.eviction in RANKINGS:  # a candidate's own policy: back to value eviction
+        switch_eviction(mgr, "value", prepare=knobs)  # re-ranked with the knobs set
+    else:
+        knobs()
