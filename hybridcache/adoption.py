@@ -31,12 +31,16 @@ def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
     (:data:`RANKINGS`: ``lru``, ``marconi``).
 
     A value weighting on value eviction is a knob (no-op for a policy configured otherwise):
-    entries queued already keep their rank until they are touched again. Anything else
+    between ``gdsf`` and ``gds`` entries queued already keep their rank until they are
+    touched again; to or from ``recency`` (ranked by tick, not by the aging clock) they are
+    ranked again as a policy switch ranks them. Anything else
     changes the eviction policy of the live cache, which re-ranks every cached entry into the new policy's queues
     (:func:`hybridcache.policy_switch.switch_eviction`): a Marconi candidate's lead comes from
     its utility ranking (FLOP efficiency beside recency over the oldest entries), which no
     weighting of GreedyDual's single priority reproduces; SGLang's (``lru``: KV past the
-    last snapshot first, then the least recently released entry) is a policy of its own.
+    last snapshot first, then the least recently released entry) is not the ``recency``
+    weighting either: with SGLang's admission the two were 0.01-0.07 apart on agentic
+    sessions at 1-2 GiB (docs/results.md, "`recency` ranked by tick").
     """
     if weighting not in RANKINGS:
         raise UnknownNameError(f"unknown weighting {weighting!r}; known: {', '.join(RANKINGS)}")
@@ -50,7 +54,12 @@ def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
                 q.freq = weighting == "gdsf"
                 q.uniform = weighting == "recency"
 
+    uniform = getattr(mgr.index.kv_q, "uniform", None)
     if mgr.index.eviction in RANKINGS:  # a candidate's own policy: back to value eviction
         switch_eviction(mgr, "value", prepare=knobs)  # re-ranked with the knobs set
+    elif uniform is not None and uniform != (weighting == "recency"):
+        # recency ranks by tick, the GreedyDual weightings by the aging clock: one scale
+        # cannot be read as the other, so the entries are ranked again.
+        switch_eviction(mgr, "value", prepare=knobs, rerank=True)
     else:
         knobs()

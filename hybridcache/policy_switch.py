@@ -42,9 +42,11 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def switch_eviction(mgr: HybridCacheManager, eviction: str, marconi_alpha: float | None = None,
-                    prepare: Callable[[], None] | None = None) -> None:
+                    prepare: Callable[[], None] | None = None, *, rerank: bool = False) -> None:
     """Make ``eviction`` the live eviction policy of ``mgr``, re-ranking every cached entry
-    (module docstring). A no-op when it is the policy already (and alpha is unchanged).
+    (module docstring). A no-op when it is the policy already (and alpha is unchanged),
+    unless ``rerank``: value eviction's ``recency`` weighting ranks by tick and the others by
+    GreedyDual's clock, so a change between them rebuilds the queues as a switch does.
     ``prepare`` runs once the new queues exist and before they are filled (to set a knob
     such as value eviction's weighting, which ranks entries as they are added).
 
@@ -52,7 +54,7 @@ def switch_eviction(mgr: HybridCacheManager, eviction: str, marconi_alpha: float
     queue): managers call it between requests."""
     index = mgr.index
     alpha = index._policy_args[1]
-    if eviction == index.eviction and (marconi_alpha is None or marconi_alpha == alpha):
+    if not rerank and eviction == index.eviction and (marconi_alpha is None or marconi_alpha == alpha):
         return
     assert index.evictor._aside is None, "switch_eviction inside a slot allocation"
     kv_ticks = _kv_ticks(index)

@@ -139,3 +139,19 @@ def test_set_weighting_switches_to_a_policy_and_back_to_a_value_weighting(rankin
     _workload(fresh, 7)
     assert _value_ranks(live) == _value_ranks(fresh)
 
+
+def test_a_change_to_recency_ranks_the_entries_again():
+    """``recency`` ranks by tick, the GreedyDual weightings by the aging clock: a live cache
+    turned from ``gdsf`` to ``recency`` must rank its entries as a cache that ran
+    ``recency`` all along (a knob flip would leave them at GreedyDual priorities, on
+    another scale than the ticks new entries get)."""
+    from hybridcache.adaptive import set_weighting
+
+    live = _manager("value", ADMISSIONS[1])
+    _workload(live, 7)
+    set_weighting(live, "recency")
+    assert live.index.kv_q.uniform and live.index.snap_q.uniform
+    fresh = _manager("value", ADMISSIONS[1])
+    set_weighting(fresh, "recency")
+    _workload(fresh, 7)
+    assert _value_ranks(live) == _value_ranks(fresh)
