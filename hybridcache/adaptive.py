@@ -51,7 +51,7 @@ from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
 from hybridcache.adoption import RANKINGS as RANKINGS  # re-exported: what a candidate ranks by
-from hybridcache.adoption import set_weighting
+from hybridcache.adoption import carry_seen, set_weighting
 from hybridcache.config import CacheConfig
 from hybridcache.decision import PairTable, anytime_threshold, upper_bound
 from hybridcache.errors import ConfigError
@@ -516,6 +516,8 @@ class AdaptiveManager(HybridCacheManager):
         self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
         self.current = best.name
         self.switches.append((self.finished, best.name))
+        if best.config.min_seen > 1:
+            carry_seen(self, (best.host or best).mgr)
 
     def _reset_pairs(self) -> None:
         for s in self.shadows:

@@ -1,10 +1,16 @@
 """What adopting a candidate setting does to a live manager, beyond its admission rules.
 
 The adaptive policy (:mod:`hybridcache.adaptive`) makes a candidate's setting the live one
-when its shadow leads. Its eviction ranking is not a rule the next request reads
-(:func:`set_weighting`): a weighting of value eviction is a knob on the live queues; an
-eviction policy of its own (SGLang's ``lru``, Marconi's utility) means re-ranking every
-cached entry into that policy's queues (:func:`hybridcache.policy_switch.switch_eviction`).
+when its shadow leads. Two parts of a setting are not rules the next request reads:
+
+- its eviction ranking (:func:`set_weighting`): a weighting of value eviction is a knob
+  on the live queues; an eviction policy of its own (SGLang's ``lru``, Marconi's utility)
+  means re-ranking every cached entry into that policy's queues
+  (:func:`hybridcache.policy_switch.switch_eviction`);
+- for ``min_seen > 1`` (a state only for a boundary seen that often), the counts of the
+  boundaries seen so far (:func:`carry_seen`), which the live cache never kept while its
+  setting did not need them: without them the adopted setting saves no snapshot until
+  every boundary has been seen again, which is not what the shadow that led measured.
 
 Cached entries otherwise stay as the previous setting left them.
 """
@@ -63,3 +69,15 @@ def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
         switch_eviction(mgr, "value", prepare=knobs, rerank=True)
     else:
         knobs()
+
+
+def carry_seen(live: HybridCacheManager, shadow: HybridCacheManager) -> None:
+    """Give ``live`` the boundary counts its adopted ``min_seen`` setting's ``shadow`` kept.
+
+    The shadow counted every boundary of the requests it replayed (all of them at rate 1,
+    the sampled families' below it); each count is raised to the shadow's where that is
+    higher, so a boundary the live cache counted itself keeps its own count."""
+    seen = live._seen
+    for digest, n in shadow._seen.items():
+        if n > seen.get(digest, 0):
+            seen[digest] = n

@@ -340,3 +340,23 @@ def test_clear_lead_is_taken_before_the_count_of_confirmations(kimi, monkeypatch
     assert fast[1][0] + 8 <= slow[1][0], (fast, slow)
     assert fast_hit > slow_hit, (fast_hit, slow_hit)
 
+
+def test_adopting_a_seen_twice_setting_takes_the_counts_its_shadow_kept(kimi):
+    """``min_seen=2`` saves a state only at a boundary seen before. The live cache, on a
+    setting without the rule, counts nothing; the candidate's shadow counted every boundary
+    it replayed. Adopting the candidate must carry those counts over
+    (:func:`hybridcache.adoption.carry_seen`), or the adopted setting saves nothing until
+    every boundary came round again, which is not what its shadow measured. A count the
+    live cache has of its own is never lowered."""
+    m = AdaptiveManager(kimi, 1 << 30, ADAPTIVE)
+    assert m.rate == 1.0 and m.candidates[0].min_seen == 1
+    _branching_requests(m, 12, 6000, seed=3)
+    assert not m._seen  # the live setting never counts
+    shadow = m._shadow("seen-twice")
+    assert shadow.config.min_seen == 2 and shadow.mgr._seen
+    own = next(iter(shadow.mgr._seen))
+    m._seen[own] = 99
+    m._adopt(shadow)
+    assert m.current == "seen-twice" and m.admission.min_seen == 2
+    assert m._seen[own] == 99
+    assert all(m._seen[d] >= n for d, n in shadow.mgr._seen.items())
