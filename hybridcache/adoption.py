@@ -39,8 +39,8 @@ def set_weighting(mgr: HybridCacheManager, weighting: str) -> None:
     A value weighting on value eviction is a knob (no-op for a policy configured otherwise):
     between ``gdsf`` and ``gds`` entries queued already keep their rank until they are
     touched again; to or from ``recency`` (ranked by tick, not by the aging clock) they are
-    ranked again as a policy switch ranks them. Anything else
-    changes the eviction policy of the live cache, which re-ranks every cached entry into the new policy's queues
+    ranked again as a policy switch ranks them. Anything else changes the eviction policy
+    of the live cache, which re-ranks every cached entry into the new policy's queues
     (:func:`hybridcache.policy_switch.switch_eviction`): a Marconi candidate's lead comes from
     its utility ranking (FLOP efficiency beside recency over the oldest entries), which no
     weighting of GreedyDual's single priority reproduces; SGLang's (``lru``: KV past the

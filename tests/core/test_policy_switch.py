@@ -124,7 +124,7 @@ def test_set_weighting_switches_to_a_policy_and_back_to_a_value_weighting(rankin
     """The adaptive policy's hook (hybridcache.adaptive.set_weighting): a ranking that is an
     eviction policy (``marconi``, ``lru``) switches the live cache's policy, a value
     weighting switches it back, re-ranked with that weighting's knobs set (``recency``:
-    uniform value per entry)."""
+    ranked by the tick of the last release)."""
     from hybridcache.adaptive import set_weighting
 
     live = _manager("value", ADMISSIONS[1])
