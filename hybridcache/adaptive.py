@@ -50,7 +50,6 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from hybridcache.admission import AdmissionPolicy
-from hybridcache.adoption import RANKINGS as RANKINGS  # re-exported: what a candidate ranks by
 from hybridcache.adoption import carry_seen, set_weighting
 from hybridcache.config import CacheConfig
 from hybridcache.decision import PairTable, anytime_threshold, upper_bound
@@ -131,8 +130,8 @@ def _round_up(n: float, unit: int) -> int:
 
 class Candidate(NamedTuple):
     """One setting the adaptive manager can follow: admission rules, the eviction ranking
-    (:data:`RANKINGS`: value eviction's weighting, or an eviction policy: ``lru``,
-    ``marconi``) and ``min_seen``."""
+    (:data:`hybridcache.adoption.RANKINGS`: value eviction's weighting, or an eviction
+    policy: ``lru``, ``marconi``) and ``min_seen``."""
 
     name: str
     admission: str
@@ -401,6 +400,10 @@ class AdaptiveManager(HybridCacheManager):
     def _shadow(self, name: str) -> ShadowCache:
         return next(s for s in self.shadows if s.name == name)
 
+    def _current_index(self) -> int:
+        """The index in ``shadows`` of the candidate in force."""
+        return next(i for i, s in enumerate(self.shadows) if s.name == self.current)
+
     def _take_clear_lead(self) -> bool:
         """Adopt, after any fed request, the best-scoring candidate whose paired lead over
         the current one clears the confidence sequence's boundary (:mod:`hybridcache.decision`).
@@ -412,7 +415,7 @@ class AdaptiveManager(HybridCacheManager):
         adds no false switches, and a clear lead is taken without waiting out
         :meth:`_follow_best`'s count of confirmations.
         """
-        ci = next(i for i, s in enumerate(self.shadows) if s.name == self.current)
+        ci = self._current_index()
         cur = self.shadows[ci]
         best: ShadowCache | None = None
         for i, s in enumerate(self.shadows):
@@ -431,15 +434,15 @@ class AdaptiveManager(HybridCacheManager):
         back those retired a window ago.
 
         A candidate is retired when its paired lead over the current one (from its own
-        pressure onset, :class:`PairTable`) is negative and has an anytime upper bound below the switch
-        margin times the current candidate's mean saving per request: it can reach neither
-        switch rule (both ask for that margin) unless the workload changes. Its twin, if
-        one follows it, is forked first. A retired candidate comes back once the window
+        pressure onset, :class:`PairTable`) is negative and has an anytime upper bound below
+        the switch margin times the current candidate's mean saving per request: it can
+        reach neither switch rule (both ask for that margin) unless the workload changes.
+        Its twin, if one follows it, is forked first. A retired candidate comes back once the window
         decayed by ``exp(-REENTER_FILLS)`` since: with a copy of the current candidate's
         shadow cache (what switching to it now would start from) and the current one's
         score, so that it must earn a lead from there.
         """
-        ci = next(i for i, s in enumerate(self.shadows) if s.name == self.current)
+        ci = self._current_index()
         cur = self.shadows[ci]
         retired = self._retired
         for i in list(retired):
@@ -455,8 +458,8 @@ class AdaptiveManager(HybridCacheManager):
             # held the same so far, which says nothing of when they part.
             if lead is None or lead.s1 >= 0 or upper_bound(lead, ALPHA, MIN_PAIRS) >= need:
                 continue
-            for t in self.shadows:
-                if t.host is s and self.shadows.index(t) not in retired:
+            for j, t in enumerate(self.shadows):
+                if t.host is s and j not in retired:
                     t.fork()
             retired[i] = 1.0
             self.retirements += 1
@@ -544,7 +547,7 @@ class AdaptiveManager(HybridCacheManager):
 
     def _lead_z(self, i: int) -> float:
         """Shadow ``i``'s paired lead over the current candidate, in standard errors."""
-        ci = next(j for j, s in enumerate(self.shadows) if s.name == self.current)
+        ci = self._current_index()
         lead = self._pairs.lead(i, ci) if i != ci else None
         return lead.z(1.0) if lead is not None else 0.0
 

@@ -46,9 +46,9 @@ def upper_bound(pair: PairedDifference, alpha: float, rho: float) -> float:
 
     Where the bound falls below what a switch needs (the margin), the candidate cannot
     become the one to follow on this evidence: the adaptive manager stops replaying it
-    (``AdaptiveManager._race``, which also asks for a negative mean), the racing rule of algorithm configuration
-    (Maron & Moore's Hoeffding races, F-Race) with a time-uniform bound, so that checking
-    after every request adds no premature retirements.
+    (``AdaptiveManager._race``, which also asks for a negative mean). This is the racing rule
+    of algorithm configuration (Maron & Moore's Hoeffding races, F-Race) with a time-uniform
+    bound, so that checking after every request adds no premature retirements.
     """
     n = pair.n
     if n < rho or not pair.w:

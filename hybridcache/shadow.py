@@ -196,9 +196,10 @@ class ShadowCache:
         keeping this setting's own rules; fed on its own from now on.
 
         The copy's cached entries keep the rank the source gave them, as the live cache's do
-        when it adopts a setting (:func:`hybridcache.adaptive.set_weighting` re-ranks only
-        where the eviction policy itself changes): a shadow restarted from the live
-        candidate's cache measures what switching to it now would do."""
+        when it adopts a setting (:func:`hybridcache.adoption.set_weighting` re-ranks them
+        only where the eviction policy, or the scale of value eviction's priorities, changes):
+        a shadow restarted from the live candidate's cache measures what switching to it now
+        would do."""
         src_shadow = src_shadow.host or src_shadow
         own, src = self.mgr, src_shadow.mgr
         # The manager's __new__ takes the constructor's arguments, so the copy is built
