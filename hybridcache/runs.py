@@ -49,7 +49,7 @@ class Run:
 
     __slots__ = (
         "digests", "pages", "segs", "holds", "held", "hits", "rel", "flops", "first", "tenant",
-        "qseq", "qprio", "fork", "tokens",
+        "qseq", "qprio", "fork", "tokens", "sseq", "srel",
     )
 
     def __init__(self, flops: float, groups: int, first: int, tenant: str | None) -> None:
@@ -70,6 +70,8 @@ class Run:
         self.tenant = tenant
         self.qseq = 0  # RunValueQueue entry of the current tail (0: none)
         self.qprio = 0.0
+        self.sseq = 0  # recency: when the tail was last found stranded (RunValueQueue)
+        self.srel = 0  # ... and the tail's release number then
         self.fork = 0  # where the last walk that left the run early left it (a hint)
         #: The units' token ids as the bytes they hash (the same size per unit), so that a
         #: prompt with equal tokens takes the run's digests instead of hashing them

@@ -30,7 +30,12 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the clock, the last victim's tick, below every live entry). Not ``clock + 1``: GreedyDual
 #: with uniform costs ties every entry released since the last eviction, and the ties went
 #: by queue, not by age (SGLang's setting with it was 0.01-0.07 below SGLang's ``lru`` on
-#: agentic sessions at 1-2 GiB; by tick the two agree to 0.02 or better).
+#: agentic sessions at 1-2 GiB; by tick the two agree to 0.02 or better). Among stranded
+#: tails ``recency`` goes as ``lru`` does, the one found stranded last first (its whole run
+#: before any other: SGLang deletes the KV a lost state strands at once), not one unit of
+#: each in turn as the other weightings: with few states (``min_seen=2``) most KV is
+#: stranded, and taking a unit of each shortened every document's prefix (vLLM's align
+#: admission on docs at 1 GiB: 0.309 by turns, 0.470 this way, 0.457 under ``lru``).
 WEIGHTINGS = ("gdsf", "gds", "recency")
 #: A release number is ``tick << TICK_SHIFT | count``: ticks and counts never decrease, so
 #: the numbers order exactly as the counts do (releases within one tick keep their order)
@@ -224,6 +229,7 @@ class RunValueQueue:
         self._cands: list[tuple[float, int, int, int, bytes, Run]] = []
         self._rescan: list[Run] = []  # runs that lost an offered unit: offer the next one
         self._live = 0  # runs with a current entry (qseq != 0)
+        self._strands = 0  # stranded tails found (the recency weighting's order among them)
 
     # ----------------------------------------------------- run events (EvictionQueue API)
     def on_release(self, run: Run, end: int, tick: int = 0) -> None:
@@ -275,10 +281,19 @@ class RunValueQueue:
             prio = float(order >> TICK_SHIFT)
         else:
             prio = greedy_dual_priority(base, run.hits.get(n, 0) if self.freq else 1, run.flops, self._per)
+        fresh = False  # recency: found stranded (again) now, so it goes first
         if self.stranded is not None and self.stranded(run):
-            prio, order = self._clock.value, 0
+            if self.uniform:
+                seq = run.sseq
+                order = self._strand(run, order)
+                fresh = run.sseq != seq
+            else:
+                order = 0
+            prio = self._clock.value
+        elif run.sseq:
+            run.sseq = 0
         if run.qseq:
-            if prio == run.qprio:
+            if prio == run.qprio and not fresh:
                 return  # unchanged: keeps its place, as an unchanged per-unit entry would
         else:
             self._live += 1
@@ -287,6 +302,15 @@ class RunValueQueue:
         heapq.heappush(self._heap, (prio, order, self._seq, run))
         if len(self._heap) > 4 * self._live + 4096:
             self._rebuild()
+
+    def _strand(self, run: Run, order: int) -> int:
+        """The order of ``run``'s stranded tail under ``recency``: newest first, counted
+        from when it was found stranded (again, if released since), as LRU's queue moves
+        such a tail to its front (:class:`~hybridcache.policies.lru.StrandedLRUQueue`)."""
+        if not run.sseq or run.srel != order:
+            self._strands += 1
+            run.sseq, run.srel = self._strands, order
+        return -run.sseq
 
     def _rebuild(self) -> None:
         """Drop stale entries (every queued run has exactly one live entry)."""
@@ -320,13 +344,13 @@ class RunValueQueue:
 
     def stranded_top(self) -> Run | None:
         """The run whose tail is the queue's top entry if that tail is stranded KV ranked at
-        the clock (rank ``(clock, 0)``: only a stranded tail gets release number 0 at the
-        clock's value), else None (the heap cleaned as :meth:`peek` cleans it)."""
+        the clock (rank ``(clock, n)`` with ``n <= 0``: only a stranded tail gets such a
+        number at the clock's value; 0, or ``recency``'s newest-first order), else None (the heap cleaned as :meth:`peek` cleans it)."""
         self._clean()
         if not self._heap:
             return None
         prio, order, _, run = self._heap[0]
-        return run if order == 0 and prio == self._clock.value and self.stranded is not None else None
+        return run if order <= 0 and prio == self._clock.value and self.stranded is not None else None
 
     def offered_at_or_below(self, run: Run) -> bool:
         """Whether :meth:`first` would return an offered unit before ``run``'s queued tail
@@ -461,7 +485,9 @@ class RunValueQueue:
             if r is not None and (rmax is None or r > rmax):
                 rmax = r
             if stranded is not None and stranded(run, pos):  # type: ignore[call-arg]
-                rank = (clock.value, 0)
+                # recency: the run found stranded stays first (lru's demoted next tail).
+                strand = (-run.sseq if run.sseq else self._strand(run, -1)) if self.uniform else 0
+                rank = (clock.value, strand)
             else:
                 base, order = rmax if rmax is not None else (clock.value, 0)
                 if self.uniform:
