@@ -7,11 +7,12 @@ previous turn. No fixed constant is right everywhere, so :class:`AdaptiveManager
 instead of guessing:
 
 - a small set of *candidate* settings (:func:`candidate_settings`) spans checkpoint
-  density (none, and one every 3x and 1/16x the model's tokens-per-snapshot, the
-  KV-equivalent of one snapshot: densities are relative to the model, not to a trace), the
-  rules (with and without the prompt-end snapshot, branch points, ``min_seen=2``) and value
-  eviction's weighting (:func:`set_weighting`: GreedyDual-Size-Frequency, without the
-  frequency term, or by recency alone), including the settings of the peers that lead;
+  density (none, and one every 3x the model's tokens-per-snapshot, the KV-equivalent of
+  one snapshot: densities are relative to the model, not to a trace; denser ones come as
+  spare checkpoints, :func:`spare_interval`), the rules (with and without the prompt-end
+  snapshot, branch points, ``min_seen=2``) and value eviction's weighting
+  (:func:`set_weighting`: GreedyDual-Size-Frequency, without the frequency term, or by
+  recency alone), including the settings of the peers that lead;
 - each candidate runs as a shadow cache (:mod:`hybridcache.shadow`) over a spatial sample of
   the finished requests (by chain key: :class:`~hybridcache.shadow.ChainKeys`), at the
   sampling rate times the live budget. The rate is the overhead budget split over the
@@ -24,9 +25,9 @@ instead of guessing:
   bucket is empty and resume when it is half full again; the budget applies once the
   shadows have been compared on ``EXPLORE_PAIRS`` requests under pressure (a first
   decision, on a short trace too);
-- once every shadow is under pressure (before, more snapshots always look better), every
-  ``EVAL_EVERY`` sampled requests the live manager adopts the candidate whose shadow
-  saved the most prefill FLOPs over a recent window, once it beat the current one by
+- once the current candidate's shadow is under pressure, every ``EVAL_EVERY`` sampled
+  requests the live manager adopts, of the shadows under pressure (before, more snapshots
+  always look better), the one that saved the most prefill FLOPs over a recent window, once it beat the current one by
   ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
   lead never flips the policy back and forth) and, for miniature shadows, by ``Z_SWITCH``
   standard errors of its paired per-request lead. Beside that count, after every fed
@@ -61,8 +62,9 @@ from hybridcache.spec import ModelSpec
 ADAPTIVE = "adaptive"
 #: The rules every candidate but one keeps (prompt end, turn end, branch points).
 BASE_RULES = "last-token+turn-end+branch-point"
-#: Checkpoint spacings of the candidates, in the model's tokens-per-snapshot (0 = none).
-DENSITIES = (3.0, 0.0, 1.0, 1.0 / 16)
+#: Spacing of the live cache's spare checkpoints (:func:`spare_interval`), in the model's
+#: tokens-per-snapshot: sglang-extra's density, which leads where memory is plentiful.
+SPARE_DENSITY = 1.0 / 16
 #: The shadows' bookkeeping as a fraction of the live manager's (in units handled): the
 #: issue's bound on added time per request is 15 %; the rest is the manager's own sampling
 #: step. It sets the sampling rate (``budget / candidates`` where that leaves a shadow
@@ -142,7 +144,8 @@ class Candidate(NamedTuple):
 #: Marconi's setting as a candidate: its admission (prompt end, branch points) and its
 #: utility eviction (the ``marconi`` ranking, alpha 1: the middle of the simulator's tuning
 #: grid), which the live cache switches to when it adopts it (set_weighting). Not in the
-#: default set: in place of ``checkpoints-1/16x-recency`` (never adopted) it left the
+#: default set: in place of ``checkpoints-1/16x-recency`` (never adopted, since replaced
+#: by ``seen-twice-recency``) it left the
 #: generated sweep where it was (docs/results.md, "Adaptive policy: a Marconi candidate"):
 #: 18 -> 19 cells behind on seeds 5-8 (development; mean hit -0.0001), 18 -> 17 on 9-12
 #: (+0.0010); agentic gains (up to +0.073 in a cell), agent loses (up to -0.032). It is
@@ -160,9 +163,13 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> 
     variations (no frequency term, no checkpoints, no prompt-end snapshot), the set holds
     the settings of the peers that lead somewhere, so that following the best candidate can
     reach them: SGLang's (prompt end and turn end, LRU: ``recency`` weighting, which long
-    agent contexts with heavy-tailed think times favour), SGLang with dense checkpoints
-    (1/16x, branch points, LRU: free hits with memory to spare) and vLLM's align mode's
-    admission (a state only for a boundary seen twice).
+    agent contexts with heavy-tailed think times favour) and vLLM's align mode's admission
+    (a state only for a boundary seen twice) with our checkpoints and with vLLM's own rules
+    and LRU (``seen-twice-recency``: prompt end and branch points at our unit, which leads
+    on documents branching under a tight budget, where few states fit and KV that has none
+    yet is what finds the branch). SGLang with dense checkpoints (``sglang-extra``: free
+    hits with memory to spare) comes as spare checkpoints (:func:`spare_interval`); as a
+    candidate (``checkpoints-1/16x-recency``) it was never adopted.
     """
     if not spec.has_state or not spec.kv_bytes_per_token:
         return [Candidate("no-state", BASE_RULES)]
@@ -177,8 +184,8 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> 
         Candidate("checkpoints-none", every(0.0)),
         Candidate("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}"),
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
-        Candidate("checkpoints-1/16x-recency", every(1.0 / 16), "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
+        Candidate("seen-twice-recency", "last-token+branch-point", "recency", 2),
         *([MARCONI_CANDIDATE] if marconi else []),
     ]
     out: list[Candidate] = []
@@ -188,8 +195,9 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> 
     return out
 
 
-def spare_interval(candidates: list[Candidate], unit: int) -> int:
-    """Spacing of the live cache's spare checkpoints: the densest candidate's interval.
+def spare_interval(spec: ModelSpec, unit: int) -> int:
+    """Spacing of the live cache's spare checkpoints: :data:`SPARE_DENSITY` of the model's
+    tokens-per-snapshot, rounded up to the unit.
 
     Free room is free: while the arena has a free slot an extra checkpoint costs nothing,
     and ranked first to evict (the ``spare-interval`` rule, :mod:`hybridcache.admission`) it
@@ -198,10 +206,11 @@ def spare_interval(candidates: list[Candidate], unit: int) -> int:
     tell a dense setting's lead while nothing is evicted (at 16 GiB, 200 requests, no
     shadow ever evicts); this takes that lead without a decision. Switching to the dense
     candidate instead lost 0.009 on chat at 8 GiB once pressure came (its entries rank as
-    any other). 0 when no candidate checkpoints.
+    any other). 0 for a model without state.
     """
-    spans = [AdmissionPolicy.parse(c.admission, unit).interval for c in candidates]
-    return min((n for n in spans if n), default=0)
+    if not spec.has_state or not spec.kv_bytes_per_token:
+        return 0
+    return _round_up(SPARE_DENSITY * spec.snapshot_bytes / spec.kv_bytes_per_token, unit)
 
 
 class AdaptiveManager(HybridCacheManager):
@@ -235,7 +244,7 @@ class AdaptiveManager(HybridCacheManager):
         #: 1 GiB (one missing turn-end state on the first request changed what a 24-block
         #: cache kept from then on).
         self.outputs_known = True
-        self.spare_interval = spare_interval(self.candidates, cfg.hash_unit)
+        self.spare_interval = spare_interval(spec, cfg.hash_unit)
         self._rules = self.admission
         self._use(self._rules)
         self.adaptive_config = cfg
@@ -274,7 +283,7 @@ class AdaptiveManager(HybridCacheManager):
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
-        self._pressured = 0  # requests fed while every shadow was under pressure
+        self._pressured = 0  # requests fed while the current shadow was under pressure
         self._under_pressure = False
         self._pairs = PairTable(len(self.candidates))
         #: Retired shadows (index -> decay of the window since retirement) and the
@@ -324,7 +333,7 @@ class AdaptiveManager(HybridCacheManager):
 
     def _use(self, rules: AdmissionPolicy) -> None:
         """Make ``rules`` the live admission (turn-end only once outputs are known), with
-        spare checkpoints at the densest candidate's spacing (:func:`spare_interval`)."""
+        spare checkpoints (:func:`spare_interval`)."""
         self._rules = rules
         live = rules if self.outputs_known else replace(rules, turn_end=False)
         self.admission = replace(live, spare_interval=self.spare_interval)
@@ -481,6 +490,13 @@ class AdaptiveManager(HybridCacheManager):
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
         in a row (an early lead on a few requests, before the cache is full, is noise).
 
+        Only shadows under pressure (that evicted) compare, and only once the current
+        candidate's is: until a cache must evict, more snapshots always look better. A
+        shadow that does not fill (``seen-twice-recency`` saves few states: at 8 GiB on
+        agent it first evicted after 250 sampled requests, the others by 50) takes part
+        once it does, and does not hold the others' comparison back: waiting on every
+        shadow doubled the exploration there (233 -> 425 sampled requests).
+
         It must also be significant: each shadow keeps the paired per-request difference
         against the current candidate (:class:`~hybridcache.shadow.PairedDifference`), and
         the leader's must be ``Z_SWITCH`` standard errors above zero when the shadows are
@@ -488,20 +504,21 @@ class AdaptiveManager(HybridCacheManager):
         3 standard errors) it never switched on 300 chat requests at 1 GiB where the
         margin rule does; as a second condition it stops switches on a handful of hits.
         """
-        self._under_pressure = all(s.evictions for s in self.shadows)
+        cur = self._shadow(self.current)
+        self._under_pressure = bool(cur.evictions)
         if not self._under_pressure:
-            # Until every shadow is under pressure more snapshots always look better; a
-            # switch to dense checkpoints then, measured: 0.009 lost on chat at 8 GiB once
-            # pressure came (the entries a setting made stay after it is left). Comparing
-            # without pressure (with a clear paired lead adopted at once) was tried and
-            # measured on unseen seeds (docs/results.md, "Adaptive policy"): it did not
-            # help on either seed set (behind 25 -> 26 and 24 -> 26 of 100 cells), losing
-            # most where an early lead before the cache fills was adopted (agentic at 1 GiB).
+            # A switch to dense checkpoints before pressure, measured: 0.009 lost on chat at
+            # 8 GiB once pressure came (the entries a setting made stay after it is left).
+            # Comparing without pressure (with a clear paired lead adopted at once) was
+            # tried and measured on unseen seeds (docs/results.md, "Adaptive policy"): it
+            # did not help on either seed set (behind 25 -> 26 and 24 -> 26 of 100 cells),
+            # losing most where an early lead before the cache fills was adopted (agentic
+            # at 1 GiB).
             self._lead = (None, 0)
             self._reset_pairs()
             return
-        cur = self._shadow(self.current)
-        best = max((s for i, s in enumerate(self.shadows) if i not in self._retired), key=lambda s: s.score)
+        best = max((s for i, s in enumerate(self.shadows) if i not in self._retired and s.evictions),
+                   key=lambda s: s.score)
         if best is cur or best.score <= cur.score * (1.0 + self._margin()):
             self._lead = (None, 0)
             return

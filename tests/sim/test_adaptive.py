@@ -10,10 +10,11 @@ one's token hit rate.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
-from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting
+from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting, spare_interval
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
@@ -59,18 +60,20 @@ def test_selected_by_config(kimi):
 def test_candidates_are_relative_to_the_model(kimi):
     for spec in (kimi, get_preset("qwen3-next-80b")):
         tps = spec.snapshot_bytes / spec.kv_bytes_per_token
-        intervals = sorted({int(c.admission.rpartition("interval:")[2]) for c in candidate_settings(spec, 16)
-                            if "interval:" in c.admission})
-        assert intervals[-1] >= 3 * tps > intervals[0]
+        intervals = {int(c.admission.rpartition("interval:")[2]) for c in candidate_settings(spec, 16)
+                     if "interval:" in c.admission}
+        assert intervals == {math.ceil(3 * tps / 16) * 16}
+        assert tps / 16 <= spare_interval(spec, 16) < tps / 16 + 16
 
 
-#: Measured on 2026-12-01 with the final settings: the adaptive manager finds the best
-#: candidate on some of these (chat: no-prompt-end at request 96 of 300) but switches late
-#: or not at all (a lead must hold 6 evaluations) and stays below it over the second half:
-#: docs 2 GiB 0.012; slow cases: agent 0.026 (0.034 before the sequential switch test),
-#: mixed 0.020 (0.012 before the overhead budget stopped the shadows after their
-#: exploration), agentic 0.014 (0.041 before), chat 4 GiB 0.007 (0.010 before); chat at
-#: 1 GiB meets the target (was 0.008); see docs/adaptive.md.
+#: Measured with the final settings: the adaptive manager finds the best candidate on some
+#: of these (chat: no-prompt-end at request 96 of 300) but switches late or not at all (a
+#: lead must hold 6 evaluations) and stays below it over the second half. On 2026-12-02:
+#: docs 2 GiB 0.024 (was 0.012: the adaptive manager's 0.814 is unchanged, but the new
+#: ``seen-twice-recency`` candidate as a fixed policy reaches 0.838); slow cases: agent
+#: 0.035, mixed 0.020, agentic 0.008 (was 0.057: SGLang's setting is now taken at request
+#: 160, 0.838 against its 0.846), chat 4 GiB 0.007; chat at 1 GiB meets the target.
+#: Earlier figures and causes: docs/adaptive.md.
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -82,7 +85,7 @@ def _check_gap(rate: float, best: float, measured: float, switches: object) -> N
 
 
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("chat", 300, 1, 0.008), pytest.param("docs", 200, 2, 0.012, marks=pytest.mark.slow)])
+    ("chat", 300, 1, 0.008), pytest.param("docs", 200, 2, 0.024, marks=pytest.mark.slow)])
 def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -92,7 +95,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("agent", 300, 2, 0.035), ("mixed", 300, 2, 0.020), ("agentic", 300, 2, 0.057), ("chat", 400, 4, 0.010)])
+    ("agent", 300, 2, 0.035), ("mixed", 300, 2, 0.020), ("agentic", 300, 2, 0.008), ("chat", 400, 4, 0.010)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -230,24 +233,6 @@ def _branching_requests(m: HybridCacheManager, n: int, doc_tokens: int, seed: in
         m.free(rid)
 
 
-@pytest.mark.xfail(strict=True, reason="comparisons start only once every shadow is under pressure; "
-                   "comparing without it passed this test but did not help on the unseen-seed sweeps "
-                   "(docs/adaptive.md, docs/results.md 'Adaptive policy')")
-def test_follows_dense_checkpoints_without_memory_pressure(kimi):
-    """With memory to spare (no shadow ever evicts) candidates still differ: requests that
-    branch at random depths of a shared document hit more with a checkpoint every 1/16x
-    tokens-per-snapshot. The adaptive manager must compare without pressure and follow
-    the dense candidate; a comparison gated on pressure (every shadow evicting) never
-    starts here and stays on the first candidate (``sglang-extra`` ahead at 16 GiB)."""
-    m = AdaptiveManager(kimi, 16 << 30, ADAPTIVE, rate=1.0)
-    dense = next(c.name for c in m.candidates if c.weighting == "recency" and "interval:" in c.admission)
-    _branching_requests(m, 60, 20_000, seed=4)
-    assert not any(s.mgr.index.evictions["kv"] + s.mgr.index.evictions["state"] for s in m.shadows)
-    assert not m.index.evictions["kv"] + m.index.evictions["state"]
-    assert m.current == dense, (m.switches, m.adaptive_stats()["shadows"])
-    assert len(m.switches) == 2, m.switches  # one switch, no flip-flop
-
-
 def test_rate_out_of_range_is_refused(kimi):
     from hybridcache.errors import ConfigError
 
@@ -360,3 +345,30 @@ def test_adopting_a_seen_twice_setting_takes_the_counts_its_shadow_kept(kimi):
     assert m.current == "seen-twice" and m.admission.min_seen == 2
     assert m._seen[own] == 99
     assert all(m._seen[d] >= n for d, n in shadow.mgr._seen.items())
+
+
+def test_a_shadow_that_never_fills_does_not_hold_the_comparison_back(kimi, monkeypatch):
+    """The count rule compares once the current candidate's shadow is under pressure, and
+    only the shadows that are: a shadow that has not evicted (``seen-twice-recency`` saves
+    few states and may never fill) neither blocks the comparison, as waiting on every
+    shadow did, nor wins it with savings it has not had to defend. Fails with the old rule
+    (every shadow under pressure) and with the unfilled shadow allowed to lead."""
+    from hybridcache.shadow import ShadowCache
+
+    m = AdaptiveManager(kimi, 1 << 30, ADAPTIVE)
+    _branching_requests(m, 12, 6000, seed=3)
+    cur = m._shadow(m.current)
+    assert cur.evictions, "the current shadow is under pressure"
+    idle = m._shadow("seen-twice-recency")
+    others = [s for s in m.shadows if s is not cur and s is not idle]
+    full = next(s for s in reversed(others) if s.evictions)
+    real = ShadowCache.evictions.fget
+    monkeypatch.setattr(ShadowCache, "evictions", property(lambda s: 0 if s is idle else real(s)))
+    m._retired.clear()
+    for s in others:
+        s.score = 1.5
+    cur.score, full.score, idle.score = 1.0, 2.0, 10.0
+    m._lead = (None, 0)
+    m._follow_best()
+    assert m._under_pressure
+    assert m._lead == (full.name, 1), m._lead

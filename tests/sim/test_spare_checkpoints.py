@@ -9,10 +9,12 @@ the hits a dense setting gets with memory to spare.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
-from hybridcache.adaptive import AdaptiveManager, spare_interval
+from hybridcache.adaptive import BASE_RULES, AdaptiveManager, spare_interval
 from hybridcache.admission import AdmissionPolicy, spare_points
 from hybridcache.errors import UnknownNameError
 from hybridcache.events import REMOVED, STORED
@@ -114,11 +116,12 @@ def test_regular_snapshot_is_valued_without_the_spares_below_it(kimi):
     assert flops["last-token"] == flops[f"last-token+spare-interval:{SPARE}"]
 
 
-def test_adaptive_takes_spares_at_its_densest_candidate(kimi):
+def test_adaptive_takes_spares_at_a_sixteenth_of_tokens_per_snapshot(kimi):
     m = AdaptiveManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission="adaptive"))
-    assert m.spare_interval == spare_interval(m.candidates, UNIT) > 0
+    tps = kimi.snapshot_bytes / kimi.kv_bytes_per_token
+    assert m.spare_interval == spare_interval(kimi, UNIT) == math.ceil(math.ceil(tps / 16) / UNIT) * UNIT
     spans = [AdmissionPolicy.parse(c.admission, UNIT).interval for c in m.candidates]
-    assert m.spare_interval == min(n for n in spans if n)
+    assert all(m.spare_interval < n for n in spans if n)  # denser than every candidate
     assert m.admission.spare_interval == m.spare_interval
 
 
@@ -143,8 +146,9 @@ def test_adaptive_gets_dense_hits_while_memory_lasts(kimi):
         assert not m.index.evictions["kv"] + m.index.evictions["state"]
         assert len(m.switches) == 1
         rates[spare] = _hit_rate(m)
-    dense = next(c for c in m.candidates if c.weighting == "recency" and "interval:" in c.admission)
-    fixed = HybridCacheManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission=dense.admission))
+    # The dense setting at the spares' spacing (the former ``checkpoints-1/16x`` candidate's).
+    dense = f"{BASE_RULES}+interval:{spare_interval(kimi, UNIT)}"
+    fixed = HybridCacheManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission=dense))
     _branching_requests(fixed, 60, 20_000, seed=4)
     assert rates[True] >= _hit_rate(fixed) - 0.002, (rates, _hit_rate(fixed))
     assert rates[False] < _hit_rate(fixed) - 0.02, (rates, _hit_rate(fixed))
