@@ -27,13 +27,14 @@ instead of guessing:
   decision, on a short trace too);
 - once the current candidate's shadow is under pressure, every ``EVAL_EVERY`` sampled
   requests the live manager adopts, of the shadows under pressure (before, more snapshots
-  always look better), the one that saved the most prefill FLOPs over a recent window, once it beat the current one by
-  ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row (hysteresis: a tie or a short-lived
-  lead never flips the policy back and forth) and, for miniature shadows, by ``Z_SWITCH``
-  standard errors of its paired per-request lead. Beside that count, after every fed
-  request a sequential test (:mod:`hybridcache.decision`) adopts a candidate whose paired
-  lead, counted from its own pressure onset, clears a confidence sequence's boundary: a
-  clear lead is taken without waiting out the count. The window
+  always look better), the one that saved the most prefill FLOPs over a recent window,
+  once it beat the current one by ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row
+  (hysteresis: a tie or a short-lived lead never flips the policy back and forth) and,
+  for miniature shadows, by ``Z_SWITCH`` standard errors of its paired per-request lead.
+  Beside that count, after every fed request a sequential test (:mod:`hybridcache.decision`)
+  adopts a candidate whose paired lead, counted from its own pressure onset, clears a
+  confidence sequence's boundary: a clear lead is taken without waiting out the count. The
+  window
   decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS`` shadow
   budgets' worth: long enough to see the cache turn over, short enough to follow a shift.
 

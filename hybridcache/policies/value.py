@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 #: before any other: SGLang deletes the KV a lost state strands at once), not one unit of
 #: each in turn as the other weightings: with few states (``min_seen=2``) most KV is
 #: stranded, and taking a unit of each shortened every document's prefix (vLLM's align
-#: admission on docs at 1 GiB: 0.309 by turns, 0.470 this way, 0.457 under ``lru``).
+#: admission on docs at 1 GiB, seed 9: 0.309 by turns, 0.457 this way, as under ``lru``).
 WEIGHTINGS = ("gdsf", "gds", "recency")
 #: A release number is ``tick << TICK_SHIFT | count``: ticks and counts never decrease, so
 #: the numbers order exactly as the counts do (releases within one tick keep their order)
