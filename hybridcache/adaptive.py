@@ -34,9 +34,9 @@ instead of guessing:
   Beside that count, after every fed request a sequential test (:mod:`hybridcache.decision`)
   adopts a candidate whose paired lead, counted from its own pressure onset, clears a
   confidence sequence's boundary: a clear lead is taken without waiting out the count. The
-  window
-  decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS`` shadow
-  budgets' worth: long enough to see the cache turn over, short enough to follow a shift.
+  window decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS``
+  shadow budgets' worth: long enough to see the cache turn over, short enough to follow a
+  shift.
 
 Select it with ``CacheConfig(admission="adaptive")``: :class:`HybridCacheManager` returns an
 :class:`AdaptiveManager` for that setting, so engines and the simulator get it by name.
