@@ -64,7 +64,9 @@ ADAPTIVE = "adaptive"
 #: The rules every candidate but one keeps (prompt end, turn end, branch points).
 BASE_RULES = "last-token+turn-end+branch-point"
 #: Spacing of the live cache's spare checkpoints (:func:`spare_interval`), in the model's
-#: tokens-per-snapshot: sglang-extra's density, which leads where memory is plentiful.
+#: tokens-per-snapshot: the dense candidate's that spares replaced (SGLang's idea of dense
+#: checkpoints, which lead where memory is plentiful, at the model's scale: 352 tokens for
+#: Kimi Linear 48B, where ``sglang-extra`` tracks every 256).
 SPARE_DENSITY = 1.0 / 16
 #: The shadows' bookkeeping as a fraction of the live manager's (in units handled): the
 #: issue's bound on added time per request is 15 %; the rest is the manager's own sampling
@@ -131,6 +133,14 @@ def _round_up(n: float, unit: int) -> int:
     return max(unit, -(-int(math.ceil(n)) // unit) * unit)
 
 
+def _tokens_per_snapshot(spec: ModelSpec) -> float | None:
+    """The KV-equivalent of one snapshot in tokens, the scale of every density here;
+    ``None`` for a model without state (nothing to checkpoint)."""
+    if not spec.has_state or not spec.kv_bytes_per_token:
+        return None
+    return spec.snapshot_bytes / spec.kv_bytes_per_token
+
+
 class Candidate(NamedTuple):
     """One setting the adaptive manager can follow: admission rules, the eviction ranking
     (:data:`hybridcache.adoption.RANKINGS`: value eviction's weighting, or an eviction
@@ -172,9 +182,9 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> 
     hits with memory to spare) comes as spare checkpoints (:func:`spare_interval`); as a
     candidate (``checkpoints-1/16x-recency``) it was never adopted.
     """
-    if not spec.has_state or not spec.kv_bytes_per_token:
+    tps = _tokens_per_snapshot(spec)
+    if tps is None:
         return [Candidate("no-state", BASE_RULES)]
-    tps = spec.snapshot_bytes / spec.kv_bytes_per_token
 
     def every(d: float) -> str:
         return BASE_RULES if d == 0 else f"{BASE_RULES}+interval:{_round_up(d * tps, unit)}"
@@ -209,9 +219,8 @@ def spare_interval(spec: ModelSpec, unit: int) -> int:
     candidate instead lost 0.009 on chat at 8 GiB once pressure came (its entries rank as
     any other). 0 for a model without state.
     """
-    if not spec.has_state or not spec.kv_bytes_per_token:
-        return 0
-    return _round_up(SPARE_DENSITY * spec.snapshot_bytes / spec.kv_bytes_per_token, unit)
+    tps = _tokens_per_snapshot(spec)
+    return 0 if tps is None else _round_up(SPARE_DENSITY * tps, unit)
 
 
 class AdaptiveManager(HybridCacheManager):

@@ -345,7 +345,8 @@ class RunValueQueue:
     def stranded_top(self) -> Run | None:
         """The run whose tail is the queue's top entry if that tail is stranded KV ranked at
         the clock (rank ``(clock, n)`` with ``n <= 0``: only a stranded tail gets such a
-        number at the clock's value; 0, or ``recency``'s newest-first order), else None (the heap cleaned as :meth:`peek` cleans it)."""
+        number at the clock's value, 0 or ``recency``'s newest-first order), else None (the
+        heap cleaned as :meth:`peek` cleans it)."""
         self._clean()
         if not self._heap:
             return None
