@@ -30,7 +30,8 @@ instead of guessing:
   always look better), the one that saved the most prefill FLOPs over a recent window,
   once it beat the current one by ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row
   (hysteresis: a tie or a short-lived lead never flips the policy back and forth) and,
-  for miniature shadows, by ``Z_SWITCH`` standard errors of its paired per-request lead.
+  for miniature shadows, by ``Z_SWITCH`` standard errors of its paired per-request lead
+  (with the finite-population correction, ``sqrt(1 - rate)``).
   Beside that count, after every fed request a sequential test (:mod:`hybridcache.decision`)
   adopts a candidate whose paired lead, counted from its own pressure onset, clears a
   confidence sequence's boundary: a clear lead is taken without waiting out the count. The
@@ -80,12 +81,11 @@ MIN_SHADOW_BLOCKS = 48
 #: The bucket's size: this many fills of every shadow.
 BURST_FILLS = 1
 #: The shadows explore outside the budget until they were compared on this many requests
-#: under pressure (four rounds of ``CONFIRM`` evaluations; two left agent and mixed at
-#: 2 GiB, 300 requests, 0.087 and 0.049 below their best candidate): a first decision even
-#: on a short trace; its cost amortises over a long one.
+#: under pressure (four rounds of the count rule's confirmations as they were, 6 x 8; two
+#: rounds left agent and mixed at 2 GiB, 300 requests, 0.087 and 0.049 below their best
+#: candidate): a first decision even on a short trace; its cost amortises over a long one.
 EXPLORE_PAIRS = 192
 EVAL_EVERY = 8
-CONFIRM = 6
 #: Beside the count rule, a sequential test after every fed request
 #: (:meth:`AdaptiveManager._take_clear_lead`): a lead that clears a confidence sequence's
 #: boundary at level ``ALPHA`` (:func:`~hybridcache.decision.anytime_threshold`, mixture
@@ -94,12 +94,22 @@ SEQUENTIAL = True
 ALPHA = 0.05
 #: ... and, where the shadows are miniatures (rate < 1), the lead must not be sampling
 #: noise: its mean per request (a paired sample: every shadow saw the request) this many
-#: standard errors above zero over at least MIN_PAIRS requests. At rate 1 the shadows see
-#: what the live cache sees and the margin rule alone decides (with the test, 300 chat
-#: requests at 1 GiB never switched to the candidate that was 0.02 better). Without it, shadows that hit on a handful of Mooncake's 121 sampled
-#: requests at 8 GiB switched on those (0.097 against the fixed setting's 0.109).
+#: standard errors above zero over at least MIN_PAIRS requests, with the finite-population
+#: correction of sampling without replacement (``Z_SWITCH * sqrt(1 - rate)``): a shadow that
+#: sees all but a few of the requests (rate 0.98 at 2 GiB: 48 of 49 blocks) has almost no
+#: sampling error, and at rate 1 the margin rule alone decides (with the full test, 300
+#: chat requests at 1 GiB never switched to the candidate that was 0.02 better). Without the
+#: test, shadows that hit on a handful of Mooncake's 121 sampled requests at 8 GiB switched
+#: on those (0.097 against the fixed setting's 0.109; at that rate, 0.25, the corrected
+#: bound is 1.73, and it still does not switch).
 Z_SWITCH = 2.0
 MIN_PAIRS = 24.0
+#: The count rule's hysteresis: the lead must hold at this many evaluations in a row, that
+#: is over ``MIN_PAIRS`` fed requests, the sample the z test asks for at least. Six (48
+#: requests), with the full z test, decided later than the evidence allowed: 3 with the
+#: corrected test gained +0.0030 / +0.0033 / +0.0058 mean hit on seeds 9-12 / 5-8 / 13-16
+#: (docs/results.md, "Deciding sooner").
+CONFIRM = int(MIN_PAIRS) // EVAL_EVERY
 SWITCH_MARGIN = 0.03
 #: Racing: a candidate whose paired lead over the current one is negative and has an
 #: anytime upper bound (:func:`~hybridcache.decision.upper_bound`, level ``ALPHA``) below
@@ -496,6 +506,11 @@ class AdaptiveManager(HybridCacheManager):
     def _margin(self) -> float:
         return EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
 
+    def _z_needed(self) -> float:
+        """The count rule's z bound: :data:`Z_SWITCH` with the finite-population correction
+        (a sample of ``rate`` of the requests, drawn without replacement)."""
+        return Z_SWITCH * math.sqrt(1.0 - self.rate)
+
     def _follow_best(self) -> None:
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
         in a row (an early lead on a few requests, before the cache is full, is noise).
@@ -509,8 +524,8 @@ class AdaptiveManager(HybridCacheManager):
 
         It must also be significant: each shadow keeps the paired per-request difference
         against the current candidate (:class:`~hybridcache.shadow.PairedDifference`), and
-        the leader's must be ``Z_SWITCH`` standard errors above zero when the shadows are
-        miniatures (rate < 1). As the only rule (at
+        the leader's must be :meth:`_z_needed` standard errors above zero when the shadows
+        are miniatures (rate < 1). As the only rule (at
         3 standard errors) it never switched on 300 chat requests at 1 GiB where the
         margin rule does; as a second condition it stops switches on a handful of hits.
         """
@@ -534,7 +549,7 @@ class AdaptiveManager(HybridCacheManager):
             return
         name, times = self._lead
         self._lead = (best.name, times + 1 if name == best.name else 1)
-        if self._lead[1] >= CONFIRM and (self.rate >= 1.0 or best.pair.z(MIN_PAIRS) >= Z_SWITCH):
+        if self._lead[1] >= CONFIRM and (self.rate >= 1.0 or best.pair.z(MIN_PAIRS) >= self._z_needed()):
             self._adopt(best)
 
     def _adopt(self, best: ShadowCache) -> None:

@@ -17,9 +17,10 @@ def test_adopting_marconi_switches_the_live_eviction_policy(kimi, monkeypatch):
     default = adaptive.candidate_settings
     assert all(c.weighting != "marconi" for c in default(kimi, 16))
     monkeypatch.setattr(adaptive, "candidate_settings", lambda spec, unit: default(spec, unit, marconi=True))
-    # Agentic sessions at 1 GiB: Marconi's utility eviction leads there (its shadow at rate 1
-    # is the real policy) and is adopted around request 96 of 200.
-    trace = Trace("<agentic>", "tokens", generate("agentic", 200, seed=6, tenants=2))
+    # Agentic sessions at 1 GiB: Marconi's utility eviction leads there for a while (its
+    # shadow at rate 1 is the real policy): adopted at request 104 of 200 and left for
+    # SGLang's setting at 144, so the live cache switches policy both ways.
+    trace = Trace("<agentic>", "tokens", generate("agentic", 200, seed=8, tenants=2))
     run = Replay(trace, kimi, 1 << 30, CacheConfig(hash_unit=16, admission="adaptive"))
     run.advance()
     mgr = run.mgr
