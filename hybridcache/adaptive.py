@@ -104,11 +104,12 @@ ALPHA = 0.05
 #: bound is 1.73, and it still does not switch).
 Z_SWITCH = 2.0
 MIN_PAIRS = 24.0
-#: The count rule's hysteresis: the lead must hold at this many evaluations in a row, that
-#: is over ``MIN_PAIRS`` fed requests, the sample the z test asks for at least. Six (48
+#: The count rule's hysteresis: the lead must hold at this many evaluations in a row, over
+#: about ``MIN_PAIRS`` fed requests, the sample the z test asks for at least. Six (48
 #: requests), with the full z test, decided later than the evidence allowed: 3 with the
-#: corrected test gained +0.0030 / +0.0033 / +0.0058 mean hit on seeds 9-12 / 5-8 / 13-16
-#: (docs/results.md, "Deciding sooner").
+#: corrected test gained +0.0030 / +0.0033 / +0.0058 / +0.0023 mean hit on seeds 9-12 /
+#: 5-8 / 13-16 / 17-20 (the last never used for choosing), and doubled the switches (0.37
+#: -> 0.61 a cell; docs/results.md, "Deciding sooner").
 CONFIRM = int(MIN_PAIRS) // EVAL_EVERY
 SWITCH_MARGIN = 0.03
 #: Racing: a candidate whose paired lead over the current one is negative and has an

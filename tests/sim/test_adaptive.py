@@ -326,6 +326,32 @@ def test_clear_lead_is_taken_before_the_count_of_confirmations(kimi, monkeypatch
     assert fast_hit > slow_hit, (fast_hit, slow_hit)
 
 
+def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
+    """At 2 GiB a shadow keeps 48 of the live cache's 49 blocks (rate 0.98): it sees almost
+    every request, so its lead has almost no sampling error, and the count rule's z bound
+    is corrected for that (``Z_SWITCH * sqrt(1 - rate)``, 0.28 here; the full bound at rate
+    0, none at rate 1). Agent sessions, seed 9, 200 requests: the corrected rule takes
+    ``no-prompt-end`` at request 56; held to the full bound of 2, at 168, and keeps less
+    (0.886 against 0.866, measured 2026-12-02). Fails without the correction."""
+    import hybridcache.adaptive as adaptive
+
+    m = AdaptiveManager(kimi, 2 << 30, ADAPTIVE)
+    assert 0.9 < m.rate < 1.0 and m._z_needed() == pytest.approx(adaptive.Z_SWITCH * math.sqrt(1.0 - m.rate))
+    m.rate = 1.0
+    assert m._z_needed() == 0.0
+    trace = Trace("<agent:9>", "tokens", generate("agent", 200, seed=9, tenants=2))
+    runs = {}
+    for corrected in (True, False):
+        if not corrected:
+            monkeypatch.setattr(AdaptiveManager, "_z_needed", lambda self: adaptive.Z_SWITCH)
+        run = Replay(trace, kimi, 2 << 30, ADAPTIVE)
+        run.advance()
+        runs[corrected] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
+    (fast, fast_hit), (slow, slow_hit) = runs[True], runs[False]
+    assert fast[1][1] == "no-prompt-end" and fast[1][0] + 24 <= slow[1][0], (fast, slow)
+    assert fast_hit > slow_hit + 0.01, (fast_hit, slow_hit)
+
+
 def test_adopting_a_seen_twice_setting_takes_the_counts_its_shadow_kept(kimi):
     """``min_seen=2`` saves a state only at a boundary seen before. The live cache, on a
     setting without the rule, counts nothing; the candidate's shadow counted every boundary
