@@ -1,0 +1,117 @@
+"""The settings the adaptive policy (:mod:`hybridcache.adaptive`) chooses among.
+
+Each candidate is a setting a fixed cache could run: admission rules, value eviction's
+weighting (or an eviction policy of its own) and ``min_seen``. Densities are in the model's
+tokens-per-snapshot (the KV-equivalent of one snapshot), so nothing here comes from a
+trace; the set holds our fixed policy's setting and its variations, and the settings of
+the peers that lead somewhere, so that following the best candidate can reach them.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from hybridcache.spec import ModelSpec
+
+#: The rules every candidate but one keeps (prompt end, turn end, branch points).
+BASE_RULES = "last-token+turn-end+branch-point"
+#: Spacing of the live cache's spare checkpoints (:func:`spare_interval`), in the model's
+#: tokens-per-snapshot: the dense candidate's that spares replaced (SGLang's idea of dense
+#: checkpoints, which lead where memory is plentiful, at the model's scale: 352 tokens for
+#: Kimi Linear 48B, where ``sglang-extra`` tracks every 256).
+SPARE_DENSITY = 1.0 / 16
+
+
+def _round_up(n: float, unit: int) -> int:
+    return max(unit, -(-int(math.ceil(n)) // unit) * unit)
+
+
+def _tokens_per_snapshot(spec: ModelSpec) -> float | None:
+    """The KV-equivalent of one snapshot in tokens, the scale of every density here;
+    ``None`` for a model without state (nothing to checkpoint)."""
+    if not spec.has_state or not spec.kv_bytes_per_token:
+        return None
+    return spec.snapshot_bytes / spec.kv_bytes_per_token
+
+
+class Candidate(NamedTuple):
+    """One setting the adaptive manager can follow: admission rules, the eviction ranking
+    (:data:`hybridcache.adoption.RANKINGS`: value eviction's weighting, or an eviction
+    policy: ``lru``, ``marconi``) and ``min_seen``."""
+
+    name: str
+    admission: str
+    weighting: str = "gdsf"
+    min_seen: int = 1
+
+
+#: Marconi's setting as a candidate: its admission (prompt end, branch points) and its
+#: utility eviction (the ``marconi`` ranking, alpha 1: the middle of the simulator's tuning
+#: grid), which the live cache switches to when it adopts it (set_weighting). Not in the
+#: default set: in place of ``checkpoints-1/16x-recency`` (never adopted, since replaced
+#: by ``seen-twice-recency``) it left the
+#: generated sweep where it was (docs/results.md, "Adaptive policy: a Marconi candidate"):
+#: 18 -> 19 cells behind on seeds 5-8 (development; mean hit -0.0001), 18 -> 17 on 9-12
+#: (+0.0010); agentic gains (up to +0.073 in a cell), agent loses (up to -0.032). It is
+#: adopted late (requests 96-191 of 200): its shadow finds the lead, the entries the
+#: setting before it made stay. ``candidate_settings(..., marconi=True)`` adds it.
+MARCONI_CANDIDATE = Candidate("marconi", "last-token+branch-point", "marconi")
+
+
+def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False) -> list[Candidate]:
+    """The candidates; the first is where the live cache starts (the fixed policy's setting).
+    ``marconi``: also :data:`MARCONI_CANDIDATE` (not by default, see there).
+
+    Densities are in the model's tokens-per-snapshot (the KV-equivalent of one snapshot),
+    so nothing here comes from a trace. Beside the fixed policy's setting and its
+    variations (no frequency term, no checkpoints, no prompt-end snapshot), the set holds
+    the settings of the peers that lead somewhere, so that following the best candidate can
+    reach them: SGLang's (prompt end and turn end, LRU: ``recency`` weighting, which long
+    agent contexts with heavy-tailed think times favour) and vLLM's align mode's admission
+    (a state only for a boundary seen twice) with our checkpoints and with vLLM's own rules
+    and LRU (``seen-twice-recency``: prompt end and branch points at our unit, which leads
+    on documents branching under a tight budget, where few states fit and KV that has none
+    yet is what finds the branch). SGLang with dense checkpoints (``sglang-extra``: free
+    hits with memory to spare) comes as spare checkpoints (:func:`spare_interval`); as a
+    candidate (``checkpoints-1/16x-recency``) it was never adopted.
+    """
+    tps = _tokens_per_snapshot(spec)
+    if tps is None:
+        return [Candidate("no-state", BASE_RULES)]
+
+    def every(d: float) -> str:
+        return BASE_RULES if d == 0 else f"{BASE_RULES}+interval:{_round_up(d * tps, unit)}"
+
+    grid = [
+        Candidate("checkpoints-3x", every(3.0)),
+        Candidate("checkpoints-3x-gds", every(3.0), "gds"),
+        Candidate("checkpoints-none", every(0.0)),
+        Candidate("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}"),
+        Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
+        Candidate("seen-twice", every(3.0), "gdsf", 2),
+        Candidate("seen-twice-recency", "last-token+branch-point", "recency", 2),
+        *([MARCONI_CANDIDATE] if marconi else []),
+    ]
+    out: list[Candidate] = []
+    for c in grid:
+        if all(c[1:] != o[1:] for o in out):
+            out.append(c)
+    return out
+
+
+def spare_interval(spec: ModelSpec, unit: int) -> int:
+    """Spacing of the live cache's spare checkpoints: :data:`SPARE_DENSITY` of the model's
+    tokens-per-snapshot, rounded up to the unit.
+
+    Free room is free: while the arena has a free slot an extra checkpoint costs nothing,
+    and ranked first to evict (the ``spare-interval`` rule, :mod:`hybridcache.admission`) it
+    leaves under pressure before any entry the candidate in force made, so the cache falls
+    back to that candidate's. The shadows compare settings only under pressure and cannot
+    tell a dense setting's lead while nothing is evicted (at 16 GiB, 200 requests, no
+    shadow ever evicts); this takes that lead without a decision. Switching to the dense
+    candidate instead lost 0.009 on chat at 8 GiB once pressure came (its entries rank as
+    any other). 0 for a model without state.
+    """
+    tps = _tokens_per_snapshot(spec)
+    return 0 if tps is None else _round_up(SPARE_DENSITY * tps, unit)
