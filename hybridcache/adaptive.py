@@ -64,6 +64,7 @@ from hybridcache.decision import PairTable, anytime_threshold, upper_bound
 from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
+from hybridcache.shift import ShiftDetector
 from hybridcache.spec import ModelSpec
 
 ADAPTIVE = "adaptive"
@@ -128,6 +129,10 @@ REENTER_FILLS = 1.0
 #: between the two, the margin falls linearly with the rate.
 EXACT_MARGIN = 0.003
 WINDOW_FILLS = 16.0
+#: Whether a change of workload, detected from the requests' sizes (:mod:`hybridcache.shift`),
+#: makes the manager forget what the old one taught (:meth:`AdaptiveManager._after_shift`).
+#: Off, the window, the retirements and the budget carry over a change (tests).
+SHIFT_DETECTION = True
 #: How often (finished requests) the sample's families are counted: with fewer than
 #: MIN_FAMILIES sampled families the sample is not one of the workload, and the rate is
 #: raised to ``2 x MIN_FAMILIES / families seen`` (SHARDS scales the budget by the rate,
@@ -195,6 +200,10 @@ class AdaptiveManager(HybridCacheManager):
         #: CPU seconds spent replaying requests into the shadows (``adaptive_stats``): what
         #: the shadows cost in time, apart from the live cache's own work.
         self.shadow_seconds = 0.0
+        #: Changes of workload detected (:mod:`hybridcache.shift`) and the finished-request
+        #: counts they were detected at.
+        self.shift_detector = ShiftDetector()
+        self.shifts: list[int] = []
         self.shadows: list[ShadowCache] = []
         self._build_shadows()
 
@@ -267,6 +276,8 @@ class AdaptiveManager(HybridCacheManager):
         """Count a finished request, feed it to the shadows if its chain is sampled and
         the budget allows, and check the sample's families now and then."""
         self.finished += 1
+        if SHIFT_DETECTION and self.shift_detector.add(prompt_len) and self.shadows:
+            self._after_shift()
         key = self.keys.key(digests)
         seen = self._keys_seen
         if len(seen) < MAX_COUNTED_FAMILIES:
@@ -408,6 +419,26 @@ class AdaptiveManager(HybridCacheManager):
         s.score, s.last, s.pair = cur.score, cur.last, PairedDifference()
         self._pairs.restart(i)
 
+    def _after_shift(self) -> None:
+        """Forget what the old workload taught, once a change is detected
+        (:mod:`hybridcache.shift`): every retired candidate comes back from a copy of the
+        current one's cache (what switching to it now would start from), every score and
+        paired lead starts again from zero (the old workload's savings would outweigh the
+        new one's for 16 shadow fills), and the shadows explore again outside the budget.
+        The caches themselves stay: they hold what the live cache holds."""
+        self.shifts.append(self.finished)
+        cur = self._shadow(self.current)
+        for i in list(self._retired):
+            self._reenter(i, cur)
+        for i, s in enumerate(self.shadows):
+            s.score, s.pair = 0.0, PairedDifference()
+            if i in self._pairs.rows:
+                self._pairs.restart(i)
+        self._fed_weight = 0.0
+        self._lead = (None, 0)
+        self._pressured = 0
+        self.running = True
+
     def _margin(self) -> float:
         return EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
 
@@ -512,6 +543,7 @@ class AdaptiveManager(HybridCacheManager):
             "retired": [self.shadows[i].name for i in sorted(self._retired)],
             "retirements": self.retirements,
             "reentries": self.reentries,
+            "shifts": list(self.shifts),
             "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
                                  "min_seen": s.config.min_seen, "score": s.score,
                                  "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,

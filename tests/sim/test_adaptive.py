@@ -103,31 +103,65 @@ def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     _check_gap(rate, best, gap, run.mgr.switches)
 
 
-#: Deterministic (seeded traces, accounting-only managers): strict, so a fix must flip it.
-GAP_SWITCH = pytest.mark.xfail(reason="adaptive does not follow the change in time (docs/adaptive.md)",
-                               strict=True)
-
-
-@pytest.mark.slow
-@GAP_SWITCH
-def test_follows_a_workload_that_changes_kind(kimi):
-    """Agentic sessions, then chat: the candidate in force after the change is one that
-    did best on the second half, and the adaptive manager switched after the change."""
-    first = generate("agentic", 150, seed=3, tenants=2)
-    second = generate("chat", 300, seed=3, tenants=2)
+def _changing_kind(first_kind: str, second_kind: str, seed: int) -> tuple[Trace, Trace, int]:
+    """150 requests of one kind, then 300 of another under other tenants: the whole trace,
+    its second part alone, and where the change is."""
+    first = generate(first_kind, 150, seed=seed, tenants=2)
+    second = generate(second_kind, 300, seed=seed, tenants=2)
     t_end = first[-1].timestamp
     for r in second:
         r.timestamp += t_end
         r.tenant = f"b-{r.tenant}"
-    trace = Trace("<switch>", "tokens", first + second)
+    return Trace("<switch>", "tokens", first + second), Trace("<second>", "tokens", second), len(first)
+
+
+def _after_change(trace: Trace, at: int, kimi, cap: int) -> tuple[float, Replay]:
+    """The adaptive manager's token hit rate over the requests after the change."""
+    run = Replay(trace, kimi, cap, ADAPTIVE)
+    run.advance(at)
+    hit, prompt = run.hit_tokens, sum(run.tally.prompt.values())
+    run.advance()
+    return (run.hit_tokens - hit) / (sum(run.tally.prompt.values()) - prompt), run
+
+
+@pytest.mark.slow
+def test_follows_a_workload_that_changes_kind(kimi, monkeypatch):
+    """Agentic sessions, then chat at 2 GiB: after the change the adaptive manager detects
+    it (hybridcache.shift), switches, and its hit rate on the chat part is within 0.005 of
+    the best candidate's replayed on that part alone from a cold cache (0.757 against
+    seen-twice's 0.752, measured 2026-12-02). Without the detection it stays on the
+    setting it took for the agentic part, 0.685: the old savings outweigh the new ones in
+    the window, and five of seven candidates are retired."""
+    import hybridcache.adaptive as adaptive
+
+    trace, half, at = _changing_kind("agentic", "chat", seed=3)
     cap = 2 << 30
-    _, run = adaptive_rate(trace, kimi, cap)
+    best = max(fixed_rates(half, kimi, cap).values())
+    rate, run = _after_change(trace, at, kimi, cap)
     mgr = run.mgr
     assert isinstance(mgr, AdaptiveManager)
-    half = Trace("<second>", "tokens", second)
+    assert len(mgr.shifts) == 1 and at < mgr.shifts[0] < at + 50, mgr.shifts
+    assert any(n > mgr.shifts[0] for n, _ in mgr.switches), mgr.switches
+    assert rate >= best - 0.005, (rate, best, mgr.switches)
+    monkeypatch.setattr(adaptive, "SHIFT_DETECTION", False)
+    without, _ = _after_change(trace, at, kimi, cap)
+    assert without < best - 0.05, (without, best)
+
+
+#: Deterministic (seeded traces, accounting-only managers): strict, so a fix must flip it.
+@pytest.mark.slow
+@pytest.mark.xfail(reason="the setting taken after the change is not the best one as a fixed policy "
+                          "(docs/adaptive.md)", strict=True)
+def test_the_setting_taken_after_a_change_of_kind_is_the_best_one(kimi):
+    """The stricter reading of following a change: the candidate in force at the end is one
+    that does best on the chat part as a fixed policy. The adaptive manager takes SGLang's
+    setting at request 214, whose shadow led from the caches the agentic part left (the live
+    cache gets 0.757 on chat with it, above), but as a fixed policy from cold it gets 0.443."""
+    trace, half, _ = _changing_kind("agentic", "chat", seed=3)
+    cap = 2 << 30
+    _, run = adaptive_rate(trace, kimi, cap)
     rates = fixed_rates(half, kimi, cap)
-    assert any(at > len(first) for at, _ in mgr.switches), mgr.switches
-    assert rates[mgr.current] >= max(rates.values()) - 0.005, (mgr.current, rates)
+    assert rates[run.mgr.current] >= max(rates.values()) - 0.005, (run.mgr.current, rates)
 
 
 def test_turn_end_rule_follows_whether_outputs_are_known(kimi):
