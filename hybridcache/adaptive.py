@@ -38,7 +38,10 @@ instead of guessing:
   confidence sequence's boundary: a clear lead is taken without waiting out the count. The
   window decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS``
   shadow budgets' worth: long enough to see the cache turn over, short enough to follow a
-  shift.
+  shift of the same sizes;
+- a change of workload that moves the requests' sizes (:mod:`hybridcache.shift`) makes it
+  forget what the old one taught: the retired candidates come back, scores and paired
+  leads start from zero, and the shadows explore again (:meth:`AdaptiveManager._after_shift`).
 
 Select it with ``CacheConfig(admission="adaptive")``: :class:`HybridCacheManager` returns an
 :class:`AdaptiveManager` for that setting, so engines and the simulator get it by name.
