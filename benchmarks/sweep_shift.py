@@ -19,19 +19,9 @@ import statistics
 import hybridcache.adaptive as adaptive
 from hybridcache.config import CacheConfig
 from hybridcache.presets import get_preset
-from hybridcache.sim.generate import KINDS, generate
+from hybridcache.sim.generate import KINDS, generate_change
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
-
-
-def changing_kind(first: str, second: str, seed: int, n_first: int, n_second: int) -> Trace:
-    """``n_first`` requests of ``first``, then ``n_second`` of ``second`` under other tenants."""
-    a = generate(first, n_first, seed=seed, tenants=2)
-    b = generate(second, n_second, seed=seed, tenants=2)
-    for r in b:
-        r.timestamp += a[-1].timestamp
-        r.tenant = f"b-{r.tenant}"
-    return Trace(f"<{first}->{second}:{seed}>", "tokens", a + b)
 
 
 def after_change(trace: Trace, at: int, capacity: int, detect: bool) -> tuple[float, Replay]:
@@ -66,7 +56,8 @@ def main() -> None:
             for second in kinds:
                 if first == second:
                     continue
-                trace = changing_kind(first, second, seed, args.first, args.second)
+                reqs = generate_change(first, second, (args.first, args.second), seed=seed)
+                trace = Trace(f"<{first}->{second}:{seed}>", "tokens", reqs)
                 off, _ = after_change(trace, args.first, cap, detect=False)
                 on, run = after_change(trace, args.first, cap, detect=True)
                 deltas.append(on - off)

@@ -163,3 +163,21 @@ def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[
             heapq.heappush(heap, (nxt.timestamp, seq, stream, nxt))
             seq += 1
     return out
+
+
+def generate_change(first: str, second: str, requests: tuple[int, int], seed: int = 0,
+                    tenants: int = 2) -> list[TraceRequest]:
+    """A workload that changes kind: ``requests[0]`` requests of ``first``, then
+    ``requests[1]`` of ``second`` after them in time and under other tenants (``b-``
+    prefixed: nothing is reused across the change). What the adaptive policy's change
+    detection is measured on (``benchmarks/sweep_shift.py``).
+
+    Raises:
+        ValueError: as :func:`generate`.
+    """
+    a = generate(first, requests[0], seed=seed, tenants=tenants)
+    b = generate(second, requests[1], seed=seed, tenants=tenants)
+    for r in b:
+        r.timestamp += a[-1].timestamp
+        r.tenant = f"b-{r.tenant}"
+    return a + b

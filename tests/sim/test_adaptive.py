@@ -17,7 +17,7 @@ import pytest
 from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting, spare_interval
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
-from hybridcache.sim.generate import generate
+from hybridcache.sim.generate import generate, generate_change
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
 
@@ -106,13 +106,8 @@ def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
 def _changing_kind(first_kind: str, second_kind: str, seed: int) -> tuple[Trace, Trace, int]:
     """150 requests of one kind, then 300 of another under other tenants: the whole trace,
     its second part alone, and where the change is."""
-    first = generate(first_kind, 150, seed=seed, tenants=2)
-    second = generate(second_kind, 300, seed=seed, tenants=2)
-    t_end = first[-1].timestamp
-    for r in second:
-        r.timestamp += t_end
-        r.tenant = f"b-{r.tenant}"
-    return Trace("<switch>", "tokens", first + second), Trace("<second>", "tokens", second), len(first)
+    reqs = generate_change(first_kind, second_kind, (150, 300), seed=seed)
+    return Trace("<switch>", "tokens", reqs), Trace("<second>", "tokens", reqs[150:]), 150
 
 
 def _after_change(trace: Trace, at: int, kimi, cap: int) -> tuple[float, Replay]:

@@ -8,7 +8,7 @@ import pytest
 
 from hybridcache.errors import ConfigError
 from hybridcache.shift import ShiftDetector
-from hybridcache.sim.generate import generate
+from hybridcache.sim.generate import generate, generate_change
 
 
 @pytest.mark.parametrize("kind", ["chat", "agent", "docs", "mixed", "agentic"])
@@ -47,3 +47,17 @@ def test_bad_parameters_are_refused():
     for kwargs in ({"delta": -0.1}, {"threshold": 0.0}, {"warmup": 1}):
         with pytest.raises(ConfigError):
             ShiftDetector(**kwargs)
+
+
+def test_generated_change_of_kind_is_the_two_workloads_one_after_the_other():
+    """``generate_change``: the first kind's requests as ``generate`` gives them, then the
+    second's, later in time and under tenants of their own (nothing reused across it)."""
+    reqs = generate_change("agentic", "chat", (150, 300), seed=3)
+    first, second = generate("agentic", 150, seed=3), generate("chat", 300, seed=3)
+    assert len(reqs) == 450
+    assert [r.input_length for r in reqs] == [r.input_length for r in first + second]
+    assert all(r.timestamp >= reqs[149].timestamp for r in reqs[150:])
+    assert {r.tenant for r in reqs[:150]}.isdisjoint({r.tenant for r in reqs[150:]})
+    assert all(r.tenant.startswith("b-") for r in reqs[150:])
+    with pytest.raises(ValueError):
+        generate_change("agentic", "nope", (10, 10))
