@@ -8,7 +8,8 @@ For every ordered pair of generated kinds: ``--first`` requests of one kind, the
 ``--second`` of the other under other tenants (a new workload, nothing to reuse from the
 old one); the token hit rate over the requests after the change, with the detection off
 (``hybridcache.adaptive.SHIFT_DETECTION``) and on, where it signalled, and the switches.
-Deterministic (seeded traces, accounting-only managers).
+Model `kimi-linear-48b`, as in the other sweeps. Deterministic (seeded traces, accounting-only
+managers).
 """
 
 from __future__ import annotations

@@ -433,8 +433,9 @@ class AdaptiveManager(HybridCacheManager):
         cur = self._shadow(self.current)
         for i in list(self._retired):
             self._reenter(i, cur)
+        self._reset_pairs()
         for i, s in enumerate(self.shadows):
-            s.score, s.pair = 0.0, PairedDifference()
+            s.score = 0.0
             if i in self._pairs.rows:
                 self._pairs.restart(i)
         self._fed_weight = 0.0
