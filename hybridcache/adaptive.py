@@ -19,8 +19,8 @@ instead of guessing:
   sampling rate times the live budget. The rate is the overhead budget split over the
   candidates (``OVERHEAD_BUDGET / candidates``: each candidate replays that share of the
   live work), raised where that would leave a shadow fewer than ``MIN_SHADOW_BLOCKS`` arena
-  blocks (a state slot needs a whole block) or sample fewer than ``MIN_FAMILIES`` prefix
-  families. Where it is raised the shadows cost more than the budget while they run, so
+  blocks (a state slot needs a whole block), sample fewer than ``MIN_FAMILIES`` prefix
+  families or hold the KV of fewer than ``MIN_FAMILIES`` mean-sized requests. Where it is raised the shadows cost more than the budget while they run, so
   they run in phases: a token bucket earns ``OVERHEAD_BUDGET`` of every live request's
   units, a fed request spends its units once per candidate, the shadows pause when the
   bucket is empty and resume when it is half full again; the budget applies once the
@@ -145,6 +145,18 @@ FAMILY_CHECK_EVERY = 256
 MIN_FAMILIES = 8
 #: Families counted at most (the count only has to reach ``2 x MIN_FAMILIES / rate``).
 MAX_COUNTED_FAMILIES = 1 << 16
+#: A miniature must also hold the KV of ``MIN_FAMILIES`` requests of the mean size computed
+#: so far (what ``MIN_SHADOW_BLOCKS`` is in blocks, in requests): a shadow that holds one or
+#: two long contexts ranks settings by which of them it happened to keep. Measured: agentic
+#: sessions, ``qwen3-next-80b`` at 4 GiB, rate 0.44 (48 of 108 blocks): the shadows ranked
+#: ``checkpoints-3x`` first (0.900 against 0.893), while at full size ``checkpoints-none``
+#: leads (0.920 against 0.867) and the policy never switched. Checked after 16, 32, 64, ...
+#: finished requests; where it is short the rate is raised (shadows rebuilt cold) to twice
+#: the floor, as the family check does, so that growing requests do not restart them at
+#: every check, and only where that at least doubles the rate: a rebuild costs the
+#: shadows' warm-up, and above one half there is little resolution to gain (at 2 GiB, 48 of
+#: 49 blocks, a raise to 1 cost the kind-switch test's chat part 0.757 -> 0.667).
+FOOTPRINT_FIRST_CHECK = 16
 
 class AdaptiveManager(HybridCacheManager):
     """:class:`HybridCacheManager` whose admission rules follow the best shadow candidate.
@@ -207,6 +219,10 @@ class AdaptiveManager(HybridCacheManager):
         #: counts they were detected at.
         self.shift_detector = ShiftDetector()
         self.shifts: list[int] = []
+        #: Tokens computed by the finished requests (their mean KV sets the rate's
+        #: footprint floor, :meth:`_check_footprint`) and when it is checked next.
+        self.computed_tokens = 0
+        self._footprint_check = FOOTPRINT_FIRST_CHECK
         self.shadows: list[ShadowCache] = []
         self._build_shadows()
 
@@ -306,6 +322,9 @@ class AdaptiveManager(HybridCacheManager):
             self.shadow_seconds += time.process_time() - t0
             if self._credit < 0 and not exploring:
                 self.running = False
+        self.computed_tokens += total
+        if self.finished >= self._footprint_check:
+            self._check_footprint()
         if self.finished - self._checked_finished >= FAMILY_CHECK_EVERY:
             self._check_families()
 
@@ -524,6 +543,18 @@ class AdaptiveManager(HybridCacheManager):
             return
         want = min(1.0, 2.0 * MIN_FAMILIES / max(1, seen))
         if want > self.rate:
+            self.rate = want
+            self._build_shadows()
+
+    def _check_footprint(self) -> None:
+        """Raise the rate when a shadow holds the KV of fewer than ``MIN_FAMILIES`` mean
+        requests: to twice that (the shadows restart cold), where that at least doubles
+        it. Checked at doubling request counts: the mean settles, and each check that
+        raises costs the shadows' warm-up."""
+        self._footprint_check *= 2
+        mean_bytes = self.computed_tokens / self.finished * (self.spec.kv_bytes_per_token or 1)
+        want = min(1.0, 2.0 * MIN_FAMILIES * mean_bytes / self._capacity)
+        if self.rate * self._capacity < MIN_FAMILIES * mean_bytes and want >= 2.0 * self.rate:
             self.rate = want
             self._build_shadows()
 
