@@ -20,8 +20,8 @@ instead of guessing:
   candidates (``OVERHEAD_BUDGET / candidates``: each candidate replays that share of the
   live work), raised where that would leave a shadow fewer than ``MIN_SHADOW_BLOCKS`` arena
   blocks (a state slot needs a whole block), sample fewer than ``MIN_FAMILIES`` prefix
-  families or hold the KV of fewer than ``MIN_FAMILIES`` mean-sized requests. Where it is raised the shadows cost more than the budget while they run, so
-  they run in phases: a token bucket earns ``OVERHEAD_BUDGET`` of every live request's
+  families or hold the KV of fewer than ``MIN_FAMILIES`` mean-sized requests. Where it is
+  raised the shadows cost more than the budget while they run, so they run in phases: a token bucket earns ``OVERHEAD_BUDGET`` of every live request's
   units, a fed request spends its units once per candidate, the shadows pause when the
   bucket is empty and resume when it is half full again; the budget applies once the
   shadows have been compared on ``EXPLORE_PAIRS`` requests under pressure (a first
@@ -543,8 +543,13 @@ class AdaptiveManager(HybridCacheManager):
             return
         want = min(1.0, 2.0 * MIN_FAMILIES / max(1, seen))
         if want > self.rate:
-            self.rate = want
-            self._build_shadows()
+            self._raise_rate(want)
+
+    def _raise_rate(self, rate: float) -> None:
+        """Sample at ``rate`` from now on: the shadows are rebuilt at it, cold (a sample
+        of other chain keys cannot be grown into from the old one's caches)."""
+        self.rate = rate
+        self._build_shadows()
 
     def _check_footprint(self) -> None:
         """Raise the rate when a shadow holds the KV of fewer than ``MIN_FAMILIES`` mean
@@ -555,8 +560,7 @@ class AdaptiveManager(HybridCacheManager):
         mean_bytes = self.computed_tokens / self.finished * (self.spec.kv_bytes_per_token or 1)
         want = min(1.0, 2.0 * MIN_FAMILIES * mean_bytes / self._capacity)
         if self.rate * self._capacity < MIN_FAMILIES * mean_bytes and want >= 2.0 * self.rate:
-            self.rate = want
-            self._build_shadows()
+            self._raise_rate(want)
 
     def _lead_z(self, i: int) -> float:
         """Shadow ``i``'s paired lead over the current candidate, in standard errors."""
