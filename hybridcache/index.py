@@ -244,8 +244,6 @@ class PrefixIndex(ChainWalks):
             # What a policy switch re-ranks by (hybridcache.policy_switch).
             node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
-            if node.snap_spare:  # a spare stays first to evict after a hit (UnitHandle.snap_spare)
-                self.demote_snapshot(node)
 
     # ------------------------------------------------------------------ registering
     def register_kv_run(
@@ -371,7 +369,6 @@ class PrefixIndex(ChainWalks):
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         # What a policy switch re-ranks by (hybridcache.policy_switch).
         node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
-        node.snap_spare = False  # the registrar marks a spare (hybridcache.registration)
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
         if node.run is not None:

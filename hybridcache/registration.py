@@ -88,7 +88,6 @@ class CommitRegistrar:
         m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
         m.metrics.snapshots_saved += 1
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
-            node.snap_spare = True
             m.index.demote_snapshot(node)
 
     def demote_prompt_end(self, req: Request, turn_end: int) -> None:

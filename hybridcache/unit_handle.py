@@ -26,7 +26,7 @@ class UnitHandle:
 
     __slots__ = (
         "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
-        "snap_tick", "snap_demoted", "snap_queued_hits", "snap_spare", "__weakref__",
+        "snap_tick", "snap_demoted", "snap_queued_hits", "__weakref__",
     )
 
     def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
@@ -45,12 +45,6 @@ class UnitHandle:
         self.snap_tick = 0
         self.snap_demoted = False
         self.snap_queued_hits = 0
-        #: A spare checkpoint (the ``spare-interval`` rule, :mod:`hybridcache.admission`):
-        #: ranked first to evict for as long as it is cached, a hit included. A hit on a
-        #: spare is a resume from the middle of a prefix whose request then saves its own
-        #: later snapshots; promoting the spare on that hit kept it among the real entries
-        #: although those cover it (measured: up to 0.03 of the hit rate at 1-2 GiB).
-        self.snap_spare = False
 
     @property
     def pos(self) -> int:

@@ -182,31 +182,3 @@ def test_a_hit_on_a_spare_checkpoint_equals_a_dense_computation():
         assert res.tokens == dense.argmax(-1).tolist()
     assert res.hit_tokens == 32  # a's spare checkpoint (no other rule saves there)
     assert runner.stats.copies == 1
-
-
-def test_a_spare_checkpoint_stays_first_to_evict_after_a_hit(kimi):
-    """A hit on a spare checkpoint resumes a request from the middle of a prefix; that
-    request saves its own later snapshots, so the spare must not be promoted among the real
-    entries when it is released. Here a short document's entries (little value) stay while a
-    hit spare (the FLOPs of 704 tokens, one hit) must go first under pressure."""
-    cap = 24 * HybridCacheManager(kimi, 1 << 30, CacheConfig(hash_unit=UNIT)).layout.block_bytes
-    m = HybridCacheManager(kimi, cap, CacheConfig(hash_unit=UNIT, admission=f"last-token+spare-interval:{SPARE}"))
-    port = EnginePort(m)
-    long_doc = _doc(10**6, 6001)
-    _serve(m, "short", _doc(1, 401))
-    _serve(m, "long", long_doc)
-    stored = [e for e in port.take_events() if e.action == STORED and e.kind == "state"]
-    spares = {e.digests[0] for e in stored if (e.depth + 1) * UNIT % SPARE == 0}
-    (hit_spare,) = (e.digests[0] for e in stored if e.depth + 1 == 2 * SPARE // UNIT and e.digests[0] in spares)
-    # 720 shared tokens: the deepest snapshot below them is the spare at 704.
-    branch = np.concatenate([long_doc[:720], _doc(5 * 10**6, 81)])
-    assert _serve(m, "branch", branch) == 2 * SPARE
-    port.take_events()
-    order: list[bytes | None] = []
-    for i in range(3):  # big prompts until an entry that is not a spare goes
-        _serve(m, f"big{i}", _doc((9 + i) * 10**6, 60_001))
-        order += [e.digests[0] if e.kind == "state" else None for e in port.take_events() if e.action == REMOVED]
-        if any(d not in spares for d in order):
-            break
-    first_other = next(i for i, d in enumerate(order) if d not in spares)
-    assert hit_spare in order[:first_other], "a regular entry was evicted before the hit spare"
