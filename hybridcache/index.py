@@ -369,6 +369,7 @@ class PrefixIndex(ChainWalks):
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         # What a policy switch re-ranks by (hybridcache.policy_switch).
         node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
+        node.snap_base = -1  # a spare checkpoint's registrar sets it after (CommitRegistrar)
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
         if node.run is not None:

@@ -336,8 +336,11 @@ class HybridCacheManager(SavePointControl):
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
         req.restore = restore
-        if req.restore is not None:
-            self.index.pin_snapshot(req.restore)
+        req.value_base = req.hit_tokens
+        if restore is not None:
+            if restore.snap_base >= 0:  # a spare checkpoint: value from what it was valued from
+                req.value_base = restore.snap_base
+            self.index.pin_snapshot(restore)
         if self.coordinator is not None:
             self.coordinator.begin(req, hit_units)
         req.allocated = True

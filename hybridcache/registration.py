@@ -81,13 +81,14 @@ class CommitRegistrar:
         spares = req.spare  # spare boundaries, in increasing order (empty without the rule)
         i = bisect.bisect_left(spares, boundary) if spares else 0
         spare = i < len(spares) and spares[i] == boundary
-        prev = req.last_snapshot_boundary(boundary, mark=not spare)
+        prev = base = req.last_snapshot_boundary(boundary, mark=not spare)
         if spare and i:  # valued from the spare below it: what it saves beyond its neighbours
             prev = max(prev, req.spare[i - 1])
         flops = m.spec.flops.prefill_flops(prev, boundary)
         m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
         m.metrics.snapshots_saved += 1
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
+            node.snap_base = base  # what a request restoring it values its snapshots from
             m.index.demote_snapshot(node)
 
     def demote_prompt_end(self, req: Request, turn_end: int) -> None:

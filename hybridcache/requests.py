@@ -26,7 +26,7 @@ class Request:
     __slots__ = (
         "id", "hasher", "tenant", "num_tokens", "prompt_len", "allocated", "counted",
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
-        "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "kv_hit_tokens",
+        "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "value_base", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
         "slide", "spare",
     )
@@ -56,6 +56,9 @@ class Request:
         self.pending_rolling: tuple[int, int] | None = None
         self.restore: UnitHandle | None = None
         self.hit_tokens = 0
+        # Where the request's snapshots are valued from (last_snapshot_boundary): its hit,
+        # or, when the hit restored a spare checkpoint, that spare's own base.
+        self.value_base = 0
         self.kv_hit_tokens = 0
         self.num_computed = 0
         self.num_allocated = 0
@@ -95,10 +98,17 @@ class Request:
 
     def last_snapshot_boundary(self, boundary: int, *, mark: bool = True) -> int:
         """Deepest snapshot below ``boundary`` on this request's path (for marginal FLOPs);
-        ``mark``: record ``boundary`` as one (spare checkpoints are not: they go first)."""
+        ``mark``: record ``boundary`` as one (spare checkpoints are not: they go first).
+
+        Spare checkpoints never count as that snapshot, neither this request's own nor the
+        one its hit restored (``value_base``): they are first to evict, so a snapshot valued
+        from one (a document's end reached from a spare halfway) would keep the small value
+        of the stretch past the spare after the spare is gone, and go before states worth
+        less (docs/results.md, "A restored spare")."""
         marks = self.snap_marks
         i = bisect.bisect_left(marks, boundary)
-        best = max(self.hit_tokens if self.hit_tokens < boundary else 0, marks[i - 1] if i else 0)
+        base = self.value_base
+        best = max(base if base < boundary else 0, marks[i - 1] if i else 0)
         if mark and (i == len(marks) or marks[i] != boundary):
             marks.insert(i, boundary)
         return best

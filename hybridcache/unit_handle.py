@@ -26,7 +26,7 @@ class UnitHandle:
 
     __slots__ = (
         "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
-        "snap_tick", "snap_demoted", "snap_queued_hits", "__weakref__",
+        "snap_tick", "snap_demoted", "snap_queued_hits", "snap_base", "__weakref__",
     )
 
     def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
@@ -45,6 +45,11 @@ class UnitHandle:
         self.snap_tick = 0
         self.snap_demoted = False
         self.snap_queued_hits = 0
+        #: For a spare checkpoint's snapshot (the ``spare-interval`` rule), the boundary it
+        #: was valued from: the deepest non-spare snapshot below it on its request's path
+        #: (a request that restores it values its own snapshots from there, not from the
+        #: spare, which goes first under pressure); -1 for any other snapshot.
+        self.snap_base = -1
 
     @property
     def pos(self) -> int:

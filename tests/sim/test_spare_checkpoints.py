@@ -116,6 +116,24 @@ def test_regular_snapshot_is_valued_without_the_spares_below_it(kimi):
     assert flops["last-token"] == flops[f"last-token+spare-interval:{SPARE}"]
 
 
+def test_snapshot_after_a_restored_spare_is_valued_from_below_the_spare(kimi):
+    """A request that restores a spare checkpoint values its own snapshots from where that
+    spare was valued from, not from the spare (which goes first under pressure): a
+    document's end reached from a spare halfway is worth what it is worth with no spare."""
+    flops = {}
+    for adm in ("last-token", f"last-token+spare-interval:{SPARE}"):
+        m = HybridCacheManager(kimi, 4 << 30, CacheConfig(hash_unit=UNIT, admission=adm))
+        port = EnginePort(m)
+        _serve(m, "a", _doc(1, 1500))  # spares at 352, 704, 1056 and 1408
+        port.take_events()
+        # The same first 1,200 tokens, then its own: restores the spare at 1056, or nothing.
+        hit = _serve(m, "b", np.concatenate([_doc(1, 1200), _doc(100_000, 1800)]))
+        assert hit == (1056 if "spare" in adm else 0)
+        ev = [e for e in port.take_events() if e.action == STORED and e.kind == "state"]
+        flops[adm] = max(ev, key=lambda e: e.depth).flops
+    assert flops["last-token"] == flops[f"last-token+spare-interval:{SPARE}"]
+
+
 def test_adaptive_takes_spares_at_a_sixteenth_of_tokens_per_snapshot(kimi):
     m = AdaptiveManager(kimi, 16 << 30, CacheConfig(hash_unit=UNIT, admission="adaptive"))
     tps = kimi.snapshot_bytes / kimi.kv_bytes_per_token
