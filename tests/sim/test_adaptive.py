@@ -74,7 +74,7 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: 0.814); slow cases: agent 0.011 (was 0.035), mixed 0.007 (0.020), chat 4 GiB 0.007;
 #: agentic (0.008 before: SGLang's setting now taken at request 128, not 160) and chat at
 #: 1 GiB meet the target. On 2026-12-03 a request restoring a spare checkpoint stopped
-#: valuing its snapshots from the spare (55 -> 53 of 350 sweep cells behind, the mean up on
+#: valuing its snapshots from the spare (71 -> 68 of 450 sweep cells behind, the mean up on
 #: every seed set), and agent here went 0.011 -> 0.022 (switches at 151 and 191 of 300: the
 #: second half has little time on the candidate it ends on). Earlier figures and causes:
 #: docs/adaptive.md.
