@@ -14,6 +14,11 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
 - ``interval:N``: every N tokens (N a multiple of the hash unit), as SGLang's track interval.
 - ``chunk-end``: the end of every scheduled prefill chunk, where the engine has the state
   for free.
+- ``suffix-start``: where the request's own suffix is predicted to start, below its prompt's
+  end, from where recent requests left the prefixes they shared with earlier prompts
+  (:mod:`hybridcache.suffix_starts`): the point its next sibling (another question on the
+  same document, a sub-agent of the same context) resumes from. Nothing while most requests
+  extend earlier prompts or turns.
 - ``spare-interval:N``: every N tokens as well, but only into free room (a slot the arena has
   without evicting anything) and ranked first to evict (:func:`spare_points`): while memory
   is unused an extra checkpoint costs nothing, and under pressure it goes before any entry
@@ -30,7 +35,8 @@ from hybridcache.errors import UnknownNameError
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
-ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end", "spare-interval")
+ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end", "suffix-start",
+                   "spare-interval")
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,9 @@ class AdmissionPolicy:
     branch_point: bool = False
     interval: int = 0
     chunk_end: bool = False
+    #: ``suffix-start``: a snapshot where the request's own suffix is predicted to start
+    #: (``Request.suffix_start``, set by the manager from :mod:`hybridcache.suffix_starts`).
+    suffix_start: bool = False
     #: Save a snapshot only once the same point was wanted ``min_seen`` times (vLLM's align
     #: mode does not save a prefix seen for the first time). 1 = always.
     min_seen: int = 1
@@ -65,7 +74,7 @@ class AdmissionPolicy:
                         f"admission rule {raw!r}: {name} must be a positive multiple of the hash unit {hash_unit}"
                     )
                 kw[name.replace("-", "_")] = n
-            elif name in ("last-token", "turn-end", "branch-point", "chunk-end") and not arg:
+            elif name in ("last-token", "turn-end", "branch-point", "chunk-end", "suffix-start") and not arg:
                 kw[name.replace("-", "_")] = True
             elif name == "none":
                 continue
@@ -94,6 +103,8 @@ def admission_points(
         wanted.append(last_in_prompt)
     if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
         wanted.append(min(req.kv_hit_tokens, last_in_prompt))
+    if policy.suffix_start and req.suffix_start:
+        wanted.append(req.suffix_start)
     if policy.interval:
         n = policy.interval
         wanted += range((start // n + 1) * n, end + 1, n)

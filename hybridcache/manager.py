@@ -46,6 +46,7 @@ from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
 from hybridcache.spec import AttentionKind, ModelSpec
 from hybridcache.step import _Hit, _Step, _Undo
+from hybridcache.suffix_starts import SuffixStarts
 
 _NO_COPIES = CopyPlan()
 
@@ -98,6 +99,7 @@ class HybridCacheManager(SavePointControl):
         kv = self.index.node_kv_bytes
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
+        self.suffix_starts = SuffixStarts()  # the suffix-start rule's estimate (fed while it is on)
         if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too
             self.coordinator.set_quota(self._registrar.quota)  # (quotas never change later)
         self.requests: dict[str, Request] = {}
@@ -346,9 +348,13 @@ class HybridCacheManager(SavePointControl):
         req.allocated = True
         req.num_computed = req.hit_tokens
         req.prompt_len = req.num_tokens
+        if self.admission.suffix_start:
+            req.suffix_start = self.suffix_starts.note_match(req, self.unit)
         return req.hit_tokens
 
     def _rollback_first(self, req: Request) -> None:
+        if self.admission.suffix_start:
+            self.suffix_starts.undo_match()
         self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
@@ -518,6 +524,8 @@ class HybridCacheManager(SavePointControl):
         self.tick += 1
         if req.allocated and not req.counted and req.num_computed > req.hit_tokens:
             self._count_request(req)
+        if finished and req.allocated and self.admission.suffix_start:
+            self.suffix_starts.note_end(req, self.unit)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
         for s in req.draft_slots:

@@ -227,7 +227,10 @@ class EnginePort:
         view: object = req
         if not req.allocated:
             match = self._m.match(request_id)
-            view = _Unallocated(req.num_tokens, match.kv_hit_tokens, match.hit_tokens)
+            m = self._m
+            start_at = (m.suffix_starts.preview(req, match.kv_hit_tokens, match.hit_tokens, m.unit)
+                        if m.admission.suffix_start else 0)
+            view = _Unallocated(req.num_tokens, match.kv_hit_tokens, match.hit_tokens, start_at)
         return admission_points(self._m.admission, view, start, end, self._m.unit)  # type: ignore[arg-type]
 
     def save_in_running_slot(self, request_id: str, boundary: int) -> int:
@@ -511,3 +514,4 @@ class _Unallocated(NamedTuple):
     prompt_len: int
     kv_hit_tokens: int
     hit_tokens: int
+    suffix_start: int

@@ -28,7 +28,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "value_base", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
-        "slide", "spare",
+        "slide", "spare", "suffix_start",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -51,6 +51,7 @@ class Request:
         self.draft_slots: list[int] = []
         self.saves: dict[int, int] = {}
         self.spare: list[int] = []  # boundaries of the spare-interval rule's saves, increasing
+        self.suffix_start = 0  # the suffix-start rule's boundary (0: none), set at the first allocation
         self.rolling_slot = -1
         self.rolling_boundary = -1
         self.pending_rolling: tuple[int, int] | None = None
