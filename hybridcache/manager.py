@@ -354,7 +354,7 @@ class HybridCacheManager(SavePointControl):
 
     def _rollback_first(self, req: Request) -> None:
         if self.admission.suffix_start:
-            self.suffix_starts.undo_match()
+            self.suffix_starts.undo_match(req)
         self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)

@@ -52,7 +52,7 @@ class SuffixStarts:
         self._sorted: list[int] = []
         self._ends: OrderedDict[bytes, None] = OrderedDict()
         self._dropped: tuple[int | None, ...] = ()  # what the last push let go, if any (undo_match)
-        self._counted = False  # whether the last note_match counted its match (undo_match)
+        self._counted: object = None  # the request whose match the last note_match counted (undo_match)
 
     def note_match(self, req: Request, unit: int) -> int:
         """Count ``req``'s match (its first allocation) and return the boundary the rule
@@ -60,14 +60,14 @@ class SuffixStarts:
 
         Internal updates: the window of matches."""
         kv = req.kv_hit_tokens
-        self._counted = False
+        self._counted = None
         if kv > 0:
             own = self._own(req, unit)
             # A branch a state already serves (the branch-point rule's, from an earlier
             # sibling) says nothing about where new content will branch: not counted.
             if own is None or req.hit_tokens < kv:
                 self._push(own)
-                self._counted = True
+                self._counted = req
         return self.boundary(req.prompt_len, kv, unit, self._sorted, len(self.suffixes))
 
     def preview(self, req: Request, kv_hit_tokens: int, hit_tokens: int, unit: int) -> int:
@@ -127,14 +127,14 @@ class SuffixStarts:
         while len(ends) > MAX_ENDS:
             ends.popitem(last=False)
 
-    def undo_match(self) -> None:
-        """Take back the last :meth:`note_match` that counted a match (a first allocation
-        refused after it: a refused call changes nothing).
+    def undo_match(self, req: Request) -> None:
+        """Take back ``req``'s match if the last :meth:`note_match` counted it (a first
+        allocation refused after it: a refused call changes nothing).
 
         Internal updates: the window of matches, as it was before that call."""
-        if not self._counted:
+        if self._counted is not req:
             return
-        self._counted = False
+        self._counted = None
         own = self.suffixes.pop()
         if own is not None:
             del self._sorted[bisect.bisect_left(self._sorted, own)]

@@ -131,7 +131,7 @@ def _replay(ops):
         got = est.note_match(req, U)
         assert got == expect
         if undo:
-            est.undo_match()
+            est.undo_match(req)
             assert (list(est.suffixes), list(est._sorted)) == before
         else:
             model.append(None if digests[-1] in est._ends else req.prompt_len - req.kv_hit_tokens)
