@@ -142,3 +142,14 @@ def _replay(ops):
         est.sanity_check()
         assert list(est.suffixes) == list(model)
         assert est.estimate() == brute(model)
+
+
+def test_an_undo_takes_back_only_the_refused_requests_own_match():
+    est = ss.SuffixStarts()
+    a, b = _Req([b"a" * 16] * 3, 20, 12), _Req([b"b" * 16] * 3, 20, 12)
+    est.note_match(a, U)
+    est.undo_match(b)  # b's allocation was refused, but b's match was never counted
+    assert list(est.suffixes) == [8]
+    est.undo_match(a)
+    assert list(est.suffixes) == []
+    est.sanity_check()
