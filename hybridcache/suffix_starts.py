@@ -8,7 +8,11 @@ short of it (the document's end: its interval checkpoint or spare lies below). N
 the first request says where its shared part ends, but the requests before it do: a
 request whose KV match stops inside an earlier prompt (not at its end, nor at a turn's end,
 which extending sessions continue from) left a sibling there, and its own suffix, prompt
-length minus that match, is how far below its prompt's end the shared part stopped.
+length minus that match, is how far below its prompt's end the shared part stopped. A
+match a state already serves to its end (the third question, resuming at the state the
+second one's branch point left) is not counted: it tells nothing about new content. The
+saved point must lie past the request's own match: a branch inside cached KV is the
+``branch-point`` rule's to save.
 
 :class:`SuffixStarts` keeps the last :data:`WINDOW` matches and, when at least half of them
 left a sibling (documents asked several questions, sub-agents forked from one context),
