@@ -63,32 +63,26 @@ class SuffixStarts:
         saves it at (0: none).
 
         Internal updates: the window of matches."""
-        kv = req.kv_hit_tokens
-        self._counted = None
-        if kv > 0:
-            own = self._own(req, unit)
-            # A branch a state already serves (the branch-point rule's, from an earlier
-            # sibling) says nothing about where new content will branch: not counted.
-            if own is None or req.hit_tokens < kv:
-                self._push(own)
-                self._counted = req
-        return self.boundary(req.prompt_len, kv, unit, self._sorted, len(self.suffixes))
+        return self._match(req, req.kv_hit_tokens, req.hit_tokens, unit)
 
     def preview(self, req: Request, kv_hit_tokens: int, hit_tokens: int, unit: int) -> int:
         """What :meth:`note_match` would return for ``req`` matched at these lengths, changing
-        nothing (an engine planning a request's first step before allocating it)."""
-        n, srt = len(self.suffixes), list(self._sorted)
-        own = self._own_at(req.hasher.digests, req.prompt_len, kv_hit_tokens, unit) if kv_hit_tokens > 0 else 0
-        if kv_hit_tokens > 0 and (own is None or hit_tokens < kv_hit_tokens):
-            if n == WINDOW:
-                old = self.suffixes[0]
-                n -= 1
-                if old is not None:
-                    del srt[bisect.bisect_left(srt, old)]
-            n += 1
-            if own is not None:
-                bisect.insort(srt, own)
-        return self.boundary(req.prompt_len, kv_hit_tokens, unit, srt, n)
+        nothing (an engine planning a request's first step before allocating it): the match
+        counted, then taken back as a refused allocation's is."""
+        b = self._match(req, kv_hit_tokens, hit_tokens, unit)
+        self.undo_match(req)
+        return b
+
+    def _match(self, req: Request, kv: int, hit: int, unit: int) -> int:
+        self._counted = None
+        if kv > 0:
+            own = None if req.hasher.digests[kv // unit - 1] in self._ends else req.prompt_len - kv
+            # A branch a state already serves (the branch-point rule's, from an earlier
+            # sibling) says nothing about where new content will branch: not counted.
+            if own is None or hit < kv:
+                self._push(own)
+                self._counted = req
+        return self.boundary(req.prompt_len, kv, unit, self._sorted, len(self.suffixes))
 
     @staticmethod
     def boundary(prompt_len: int, matched: int, unit: int, srt: list[int], n: int) -> int:
@@ -108,13 +102,6 @@ class SuffixStarts:
     def estimate(self) -> int | None:
         """The predicted own suffix in tokens, or None (see :func:`estimate`)."""
         return estimate(self._sorted, len(self.suffixes))
-
-    def _own(self, req: Request, unit: int) -> int | None:
-        return self._own_at(req.hasher.digests, req.prompt_len, req.kv_hit_tokens, unit)
-
-    def _own_at(self, digests: list[bytes], prompt_len: int, kv: int, unit: int) -> int | None:
-        """The request's own suffix, or None where its match stopped at a remembered end."""
-        return None if digests[kv // unit - 1] in self._ends else prompt_len - kv
 
     def note_end(self, req: Request, unit: int) -> None:
         """Remember where a finished request's prompt and turn end (the digests of the
