@@ -66,6 +66,7 @@ from hybridcache.config import CacheConfig
 from hybridcache.decision import PairTable, anytime_threshold, upper_bound
 from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
+from hybridcache.requests import Request
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.shift import ShiftDetector
 from hybridcache.spec import ModelSpec
@@ -270,19 +271,21 @@ class AdaptiveManager(HybridCacheManager):
                     shadow.follow(host, fork_at)
                 return
 
-    def free(self, request_id: str, *, finished: bool = True) -> None:
-        req = self.requests.get(request_id)
-        if finished and req is not None and req.counted and self.shadows:
+    def _release(self, req: Request, finished: bool) -> None:
+        """:meth:`free`'s release (the request is out of ``requests``), after a finished
+        request is counted for the shadows (:meth:`_sample`), before its entries go."""
+        if finished and req.counted and self.shadows:
             digests = req.hasher.digests
-            total = min(req.num_computed, req.num_tokens)
+            computed, prompt_len = req.num_computed, req.prompt_len
             # A request freed before its prompt was computed (chunked prefill cut short) is
             # not a request the shadows can replay.
-            if req.num_computed > req.prompt_len and self.outputs_known != (req.num_tokens > req.prompt_len):
+            if computed > prompt_len and self.outputs_known != (req.num_tokens > prompt_len):
                 self.outputs_known = not self.outputs_known
                 self._use(self._rules)
-            if digests and total >= req.prompt_len:
-                self._sample(digests, req.prompt_len, total, req.tenant)
-        super().free(request_id, finished=finished)
+            total = computed if computed < req.num_tokens else req.num_tokens
+            if digests and total >= prompt_len:
+                self._sample(digests, prompt_len, total, req.tenant)
+        super()._release(req, finished)
 
     def _use(self, rules: AdmissionPolicy) -> None:
         """Make ``rules`` the live admission (turn-end only once outputs are known), with

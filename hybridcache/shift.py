@@ -68,18 +68,33 @@ class ShiftDetector:
         """Count one request's prompt; True when it completes a change (the test then
         starts again, learning the new workload's sizes from this request on).
 
+        It runs for every finished request of the adaptive manager, so it is written with
+        locals and comparisons in place of ``max`` (the same values as the formulas in the
+        module docstring: ``tests/sim/test_shift.py`` checks them against the plain form).
+
         Internal updates: the running statistics and the cumulative excesses."""
-        x = math.log(max(1, prompt_tokens))
-        if self.n >= self.warmup:
-            z = (x - self.mean) / max(MIN_SPREAD, math.sqrt(self.m2 / (self.n - 1)))
-            self.up = max(0.0, self.up + z - self.delta)
-            self.down = max(0.0, self.down - z - self.delta)
-            if self.up > self.threshold or self.down > self.threshold:
+        x = math.log(prompt_tokens) if prompt_tokens > 1 else 0.0
+        n = self.n
+        if n >= self.warmup:
+            sd = math.sqrt(self.m2 / (n - 1))
+            z = (x - self.mean) / (sd if sd > MIN_SPREAD else MIN_SPREAD)
+            up = self.up + z - self.delta
+            down = self.down - z - self.delta
+            self.up = up = up if up > 0.0 else 0.0
+            self.down = down = down if down > 0.0 else 0.0
+            if up > self.threshold or down > self.threshold:
                 self.changes += 1
                 self._restart()
                 self._learn(x)
                 return True
-        self._learn(x)
+        # _learn(x), written out
+        n += 1
+        self.n = n
+        mean = self.mean
+        d = x - mean
+        mean += d / n
+        self.mean = mean
+        self.m2 += d * (x - mean)
         return False
 
     def _learn(self, x: float) -> None:

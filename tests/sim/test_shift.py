@@ -5,6 +5,8 @@ from independent (sessions grow, sub-agents and compactions come in runs)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridcache.errors import ConfigError
 from hybridcache.shift import ShiftDetector
@@ -61,3 +63,44 @@ def test_generated_change_of_kind_is_the_two_workloads_one_after_the_other():
     assert all(r.tenant.startswith("b-") for r in reqs[150:])
     with pytest.raises(ValueError):
         generate_change("agentic", "nope", (10, 10))
+
+
+def _plain_detector_signals(sizes: list[int]) -> tuple[list[int], list[tuple[float, float, float, float]]]:
+    """The test as the module docstring states it, with ``max`` and Welford's update
+    spelled out: the reference the written-out :meth:`ShiftDetector.add` must equal."""
+    import math
+
+    from hybridcache.shift import DELTA, MIN_SPREAD, THRESHOLD, WARMUP
+    n, mean, m2, up, down, at, states = 0, 0.0, 0.0, 0.0, 0.0, [], []
+    for i, size in enumerate(sizes):
+        x = math.log(max(1, size))
+        if n >= WARMUP:
+            z = (x - mean) / max(MIN_SPREAD, math.sqrt(m2 / (n - 1)))
+            up, down = max(0.0, up + z - DELTA), max(0.0, down - z - DELTA)
+            if up > THRESHOLD or down > THRESHOLD:
+                at.append(i)
+                n, mean, m2, up, down = 0, 0.0, 0.0, 0.0, 0.0
+        n += 1
+        d = x - mean
+        mean += d / n
+        m2 += d * (x - mean)
+        states.append((mean, m2, up, down))
+    return at, states
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(1, 100_000), st.integers(0, 100), st.lists(st.integers(0, 200), min_size=40, max_size=400),
+       st.integers(0, 400), st.integers(1, 50))
+def test_written_out_add_equals_the_plain_test(base, spread, draws, at, scale):
+    """Prompt sizes within ``spread`` % of ``base`` (log spreads below and above
+    MIN_SPREAD; sizes 0 and 1 included), times ``scale`` from request ``at`` on (a step
+    change): the same signals, and the same statistics after every request, bit for bit."""
+    percents = [100 + (p - 100) * spread // 100 for p in draws]
+    sizes = [base * p // 100 * (scale if i >= at else 1) for i, p in enumerate(percents)]
+    d = ShiftDetector()
+    got, states = [], []
+    for i, size in enumerate(sizes):
+        if d.add(size):
+            got.append(i)
+        states.append((d.mean, d.m2, d.up, d.down))
+    assert (got, states) == _plain_detector_signals(sizes)
