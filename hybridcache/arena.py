@@ -238,28 +238,9 @@ class Arena:
         return got[0]
 
     def free_page(self, page: int) -> None:
-        """Return ``page``; its slab becomes a free block once it is empty.
-
-        :meth:`_free` for KV, written out: a release frees its duplicate pages one by one
-        (a replayed request in a full miniature, tens)."""
-        b = page // self.layout.pages_per_block
-        live = self._live[KV]
-        if self._kind[b] != KV or not live[page]:
-            raise ValueError(f"entry {page} is not allocated as KV")
-        live[page] = 0
+        """Return ``page``; its slab becomes a free block once it is empty."""
+        self._free(KV, page, self.layout.pages_per_block)
         self.pages_in_use -= 1
-        used = self.used_per_block
-        left = used[b] - 1
-        used[b] = left
-        if not left:
-            self._kind[b] = FREE
-            self._entry_free[b] = []
-            self._free_blocks.append(b)
-            return
-        self._entry_free[b].append(page)
-        if not self._is_open[b]:
-            self._open[KV].append(b)
-            self._is_open[b] = True
 
     def free_slot(self, slot: int) -> None:
         """Return ``slot``; its block becomes free once it is empty."""
