@@ -201,7 +201,8 @@ def bad_call(draw) -> tuple[str, Callable[[HybridCacheManager], object], type[Ex
 
 
 @FUZZ
-@given(call=bad_call(), cfg=st.sampled_from([{}, {"eviction": "lru"}, {"tenant_quotas": {"x": 1 << 14}}]))
+@given(call=bad_call(), cfg=st.sampled_from([{}, {"eviction": "lru"}, {"tenant_quotas": {"x": 1 << 14}},
+                                          {"admission": "adaptive"}]))
 def test_refused_call_raises_the_documented_error_and_changes_nothing(call, cfg):
     label, fn, err = call
     m = populated(**cfg)
