@@ -85,9 +85,9 @@ class ShiftDetector:
             if up > self.threshold or down > self.threshold:
                 self.changes += 1
                 self._restart()
-                self._learn(x)
+                # Welford's update from the fresh state: the mean is this size, m2 stays 0.
+                self.n, self.mean = 1, x
                 return True
-        # _learn(x), written out
         n += 1
         self.n = n
         mean = self.mean
@@ -96,9 +96,3 @@ class ShiftDetector:
         self.mean = mean
         self.m2 += d * (x - mean)
         return False
-
-    def _learn(self, x: float) -> None:
-        self.n += 1
-        d = x - self.mean
-        self.mean += d / self.n
-        self.m2 += d * (x - self.mean)
