@@ -82,17 +82,15 @@ class SuffixStarts:
             if own is None or hit < kv:
                 self._push(own)
                 self._counted = req
-        return self.boundary(req.prompt_len, kv, unit, self._sorted, len(self.suffixes))
+        return self._boundary(req.prompt_len, kv, unit)
 
-    @staticmethod
-    def boundary(prompt_len: int, matched: int, unit: int, srt: list[int], n: int) -> int:
+    def _boundary(self, prompt_len: int, matched: int, unit: int) -> int:
         """The unit boundary a request of ``prompt_len`` tokens whose KV match is ``matched``
-        tokens is saved at, given the sorted siblings' suffixes ``srt`` of ``n`` matches: the
-        predicted suffix below the last prompt boundary; 0 where there is no estimate or the
-        point is not past the match (a branch inside cached KV is the ``branch-point``
-        rule's, and a point below the match continues an earlier request, not this one's
-        own part) and before the prompt-end boundary."""
-        s = estimate(srt, n)
+        tokens is saved at: the predicted suffix below the last prompt boundary; 0 where
+        there is no estimate or the point is not past the match (a branch inside cached KV
+        is the ``branch-point`` rule's, and a point below the match continues an earlier
+        request, not this one's own part) and before the prompt-end boundary."""
+        s = self.estimate()
         if s is None:
             return 0
         last = (prompt_len - 1) // unit * unit
@@ -100,8 +98,13 @@ class SuffixStarts:
         return b if matched < b < last else 0
 
     def estimate(self) -> int | None:
-        """The predicted own suffix in tokens, or None (see :func:`estimate`)."""
-        return estimate(self._sorted, len(self.suffixes))
+        """The predicted own suffix in tokens: the :data:`QUANTILE` of the siblings' suffixes
+        in the window; None with fewer than :data:`MIN_MATCHES` matches or siblings fewer
+        than half of them."""
+        srt, n = self._sorted, len(self.suffixes)
+        if n < MIN_MATCHES or 2 * len(srt) < n:
+            return None
+        return srt[min(len(srt) - 1, int(QUANTILE * len(srt)))]
 
     def note_end(self, req: Request, unit: int) -> None:
         """Remember where a finished request's prompt and turn end (the digests of the
@@ -152,11 +155,3 @@ class SuffixStarts:
         assert len(self.suffixes) <= WINDOW
         assert self._sorted == sorted(s for s in self.suffixes if s is not None)
         assert len(self._ends) <= MAX_ENDS
-
-
-def estimate(srt: list[int], n: int) -> int | None:
-    """The :data:`QUANTILE` of the siblings' suffixes ``srt`` (sorted) among ``n`` recent
-    matches; None with fewer than :data:`MIN_MATCHES` matches or siblings fewer than half."""
-    if n < MIN_MATCHES or 2 * len(srt) < n:
-        return None
-    return srt[min(len(srt) - 1, int(QUANTILE * len(srt)))]
