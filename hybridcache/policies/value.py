@@ -174,6 +174,9 @@ def _deepest(run: Run, pred: PagesPred, start: int) -> int:
             if pred(run.unit_pages(pos)):
                 return pos
         return -1
+    scan = getattr(pred, "deepest", None)  # the slot filter's own loop over the segments
+    if scan is not None:
+        return scan(starts, run.segs[0][1], start, held)
     pages = run.pages[0]
     j = bisect_right(starts, start) - 1
     while start >= held and j >= 0:
