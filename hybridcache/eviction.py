@@ -46,21 +46,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.runs import PagesPred, Run
 
 
-class UnpinnedSlab:
-    """A slot allocation's KV filter (a ``PagesPred``: :meth:`Evictor.in_unpinned_slab`),
-    which also scans a run's block segments in one call (:meth:`Evictor.deepest_unpinned`,
-    what ``value._deepest`` asks where it can)."""
-
-    __slots__ = ("_test", "deepest")
-
-    def __init__(self, evictor: Evictor) -> None:
-        self._test = evictor.in_unpinned_slab
-        self.deepest = evictor.deepest_unpinned
-
-    def __call__(self, pages: tuple[int, ...]) -> bool:
-        return self._test(pages)
-
-
 class SlotBatch:
     """:meth:`Evictor.slot_batch` as a plain context object (no generator per use)."""
 
@@ -132,7 +117,10 @@ class Evictor:
         self._batch = SlotBatch(self)  # one reusable context object (allocate opens two)
         # A slot needs an empty block: with several pages per block, only KV in slabs
         # that no request pins can help (see alloc_slot).
-        self._slot_pred = UnpinnedSlab(self) if arena.layout.pages_per_block > 1 else None
+        self._slot_pred = self.in_unpinned_slab if arena.layout.pages_per_block > 1 else None
+        if self._slot_pred is not None and hasattr(self.kv_q, "slab_scan"):
+            # The same filter over a run's block segments in one call (value._deepest).
+            self.kv_q.slab_pred, self.kv_q.slab_scan = self._slot_pred, self.deepest_unpinned
         #: Slot allocations evict a run's tail as one range where the victims are exactly
         #: that (see _drop_tail_range): the default chooser over a queue that ranks run
         #: tails. False evicts unit by unit (the same victims: tests compare the two).

@@ -36,6 +36,9 @@ if TYPE_CHECKING:  # pragma: no cover
 UnitOf = Callable[["Run", int], "UnitHandle"]
 #: A victim filter on a unit's pages, one per attention group.
 PagesPred = Callable[[tuple[int, ...]], bool]
+#: A filter's walk over one group's block segments ``(starts, blocks)`` from position
+#: ``start`` down to ``held``: the deepest position it accepts, -1 for none.
+SegmentScan = Callable[[list[int], list[int], int, int], int]
 
 
 class Run:

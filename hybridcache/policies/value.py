@@ -20,7 +20,7 @@ from hybridcache.policy import EvictionQueue
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import UnitHandle
-    from hybridcache.runs import PagesPred, Run, UnitOf
+    from hybridcache.runs import PagesPred, Run, SegmentScan, UnitOf
 
 
 #: Weightings of value eviction (a knob the adaptive policy turns, hybridcache.adaptive):
@@ -161,12 +161,15 @@ class ValueQueue(EvictionQueue):
         return len(self._live)
 
 
-def _deepest(run: Run, pred: PagesPred, start: int) -> int:
+def _deepest(run: Run, pred: PagesPred, start: int, scan: SegmentScan | None = None) -> int:
     """The deepest unpinned position at or above ``start`` whose pages satisfy ``pred``
     (-1: none). ``pred`` (a slot allocation's filter) judges pages by their arena blocks,
     so with one attention group the units of one block segment (``run.segs``) share a
     verdict and each segment is asked once, at its deepest unit: a victim scan of a long
-    run in a small, pinned cache took one call per unit (a quarter of a shadow's replay)."""
+    run in a small, pinned cache took one call per unit (a quarter of a shadow's replay).
+    ``scan``: ``pred``'s own walk over the segments, one call for the whole scan
+    (:meth:`Evictor.deepest_unpinned <hybridcache.eviction.Evictor.deepest_unpinned>`):
+    a call per segment was a third of a full miniature's replay."""
     held = run.held
     starts = run.segs[0][0] if len(run.pages) == 1 else None
     if not starts:
@@ -174,7 +177,6 @@ def _deepest(run: Run, pred: PagesPred, start: int) -> int:
             if pred(run.unit_pages(pos)):
                 return pos
         return -1
-    scan = getattr(pred, "deepest", None)  # the slot filter's own loop over the segments
     if scan is not None:
         return scan(starts, run.segs[0][1], start, held)
     pages = run.pages[0]
@@ -212,6 +214,10 @@ class RunValueQueue:
     freq = True
     #: Rank by the tick of the last release only (``recency`` weighting, :data:`WEIGHTINGS`).
     uniform = False
+    #: Set by the evictor: its slot filter and that filter's walk over a run's block
+    #: segments, which a scan with that filter uses (``_deepest``).
+    slab_pred: PagesPred | None = None
+    slab_scan: SegmentScan | None = None
 
     def __init__(self, clock: Clock, scale: float, nbytes: int) -> None:
         """Args:
@@ -399,7 +405,7 @@ class RunValueQueue:
         """Offer the deepest unpinned unit at or above ``start`` that satisfies ``pred``."""
         if not run.qseq:
             return
-        pos = _deepest(run, pred, start)
+        pos = _deepest(run, pred, start, self.slab_scan if pred is self.slab_pred else None)
         if pos >= 0:
             prio = self.unit_priority(run, pos)
             cand = (prio, self._base(run, pos)[1], run.qseq, pos, run.digests[pos], run)

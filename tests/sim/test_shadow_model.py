@@ -141,18 +141,18 @@ def test_victim_scan_by_block_segment_finds_the_unit_a_scan_by_unit_finds(seed):
 
 @pytest.mark.parametrize("kind", ["chat", "docs", "agentic"])
 def test_the_slot_filters_segment_scan_is_its_unit_by_unit_answer(kimi, kind):
-    """The slot filter scans a run's block segments in one call
-    (``Evictor.deepest_unpinned``, what ``value._deepest`` asks of it: a call per segment
-    was a third of a full miniature's replay). On the caches a small manager holds while
+    """The slot filter's walk over a run's block segments in one call
+    (``Evictor.deepest_unpinned``, which ``value._deepest`` takes for that filter: a call
+    per segment was a third of a full miniature's replay). On the caches a small manager holds while
     requests run (some of its runs held, private pages beside cached ones), every run and
     start must give what asking ``in_unpinned_slab`` unit by unit gives."""
-    from hybridcache.eviction import UnpinnedSlab
     from hybridcache.manager import HybridCacheManager
     from hybridcache.policies.value import _deepest
 
     m = HybridCacheManager(kimi, 1 << 30, CacheConfig(hash_unit=16))
     ev = m.index.evictor
-    assert isinstance(ev._slot_pred, UnpinnedSlab)
+    pred, scan = m.index.kv_q.slab_pred, m.index.kv_q.slab_scan  # what _offer hands _deepest
+    assert pred is ev._slot_pred and scan == ev.deepest_unpinned
     checked = found = 0
     running: list[str] = []
     for i, r in enumerate(generate(kind, 40, seed=3, tenants=2)):
@@ -174,7 +174,7 @@ def test_the_slot_filters_segment_scan_is_its_unit_by_unit_answer(kimi, kind):
             m.free(running.pop(0))
         for run in list(m.index.heads.values()):
             for start in range(-1, len(run.digests)):
-                got = _deepest(run, ev._slot_pred, start)  # first: it must refresh the pins itself
+                got = _deepest(run, pred, start, scan)  # first: it must refresh the pins itself
                 want = _scan_by_unit(run, ev.in_unpinned_slab, start)
                 assert got == want, (kind, i, start)
                 checked += 1
