@@ -13,7 +13,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from hybridcache.hashing import hash_function
-from hybridcache.runs import tokens_chain
+from hybridcache.runs import block_segments, tokens_chain
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.index import PrefixIndex
@@ -37,6 +37,7 @@ def check_index(index: PrefixIndex) -> None:
         assert run.held == max(run.holds, default=0) <= n, "held is the deepest hold end"
         assert all(c > 0 for c in run.holds.values()), "hold counts are positive"
         assert max([*run.hits, *run.rel], default=0) <= n, "hit/release ends within the run"
+        assert run.segs == [block_segments(p, ppb) for p in run.pages], "block segments of the pages"
         for pos, d in enumerate(run.digests):
             assert d not in seen, "a unit in two runs"
             seen[d] = (run, pos)

@@ -23,7 +23,7 @@ digests are chained, any path from the first unit that reaches ``R[j]`` passes t
 
 from __future__ import annotations
 
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -306,9 +306,12 @@ def split(run: Run, j: int, ppb: int) -> Run | None:
         tail_tokens = run.tokens[(j + 1) * ub :]
     _cut_tokens(run, j)
     del run.digests[j:]
-    for p in run.pages:
+    for p, (starts, blocks) in zip(run.pages, run.segs):
         del p[j:]
-    run.segs = [block_segments(p, ppb) for p in run.pages]
+        # The segments of a prefix are the whole run's cut at j (maximal stretches are
+        # unique): no rebuild over the thousands of units a document's run keeps.
+        k = bisect_left(starts, j)
+        del starts[k:], blocks[k:]
     hits, rel = run.hits, run.rel
     run.hits, run.rel = {}, {}
     for end, c in hits.items():
