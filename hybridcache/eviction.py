@@ -46,6 +46,26 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.runs import PagesPred, Run
 
 
+def deepest_unpinned_segment(starts: list[int], blocks: list[int], start: int, held: int,
+                             registered: list[int], used: list[int], pinned: set[int]) -> int:
+    """The deepest position in ``[held, start]`` whose block segment (``starts``,
+    ``blocks``: one group's ``Run.segs``) lies in an unpinned slab: every page of the block
+    registered (``registered[b] == used[b]``) and none held (``b not in pinned``); -1: none.
+
+    The units of one segment share their block, so each segment is judged once, at its
+    deepest unit, with the test written out: a slot allocation's victim scan
+    (``value._deepest``) walks tens of segments per run set aside in a full miniature, and a
+    predicate call per segment was a third of its replay."""
+    j = bisect_right(starts, start) - 1
+    while start >= held and j >= 0:
+        b = blocks[j]
+        if registered[b] == used[b] and b not in pinned:
+            return start
+        start = starts[j] - 1  # the deepest unit of the segment before
+        j -= 1
+    return -1
+
+
 class SlotBatch:
     """:meth:`Evictor.slot_batch` as a plain context object (no generator per use)."""
 
@@ -145,23 +165,12 @@ class Evictor:
 
     def deepest_unpinned(self, starts: list[int], blocks: list[int], start: int, held: int) -> int:
         """:meth:`in_unpinned_slab` asked of one attention group's block segments
-        (``Run.segs[0]``), from the one holding position ``start`` down to ``held``: the
-        deepest such position whose block is an unpinned slab (-1: none).
-
-        The same test as asking each segment's deepest unit, with the tables read once: in
-        a full miniature a slot allocation's victim scan (``value._deepest``) walks tens of
-        segments per run set aside, and a call per segment was a third of a replay."""
+        (``Run.segs[0]``) from position ``start`` down to ``held``
+        (:func:`deepest_unpinned_segment` over this arena's tables): a ``SegmentScan``."""
         if self.pinned_stale:
             self.find_pinned()
-        pinned, reg, used = self.pinned, self._index._registered, self.arena.used_per_block
-        j = bisect_right(starts, start) - 1
-        while start >= held and j >= 0:
-            b = blocks[j]
-            if reg[b] == used[b] and b not in pinned:
-                return start
-            start = starts[j] - 1  # the deepest unit of the segment before
-            j -= 1
-        return -1
+        return deepest_unpinned_segment(starts, blocks, start, held, self._index._registered,
+                                        self.arena.used_per_block, self.pinned)
 
     def find_pinned(self) -> None:
         """The blocks that hold a page of a held run prefix (worked out once per change of

@@ -11,7 +11,6 @@ are ranked per entry (:class:`ValueQueue`), KV units per run, by their tails
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -163,29 +162,18 @@ class ValueQueue(EvictionQueue):
 
 def _deepest(run: Run, pred: PagesPred, start: int, scan: SegmentScan | None = None) -> int:
     """The deepest unpinned position at or above ``start`` whose pages satisfy ``pred``
-    (-1: none). ``pred`` (a slot allocation's filter) judges pages by their arena blocks,
-    so with one attention group the units of one block segment (``run.segs``) share a
-    verdict and each segment is asked once, at its deepest unit: a victim scan of a long
-    run in a small, pinned cache took one call per unit (a quarter of a shadow's replay).
-    ``scan``: ``pred``'s own walk over the segments, one call for the whole scan
-    (:meth:`Evictor.deepest_unpinned <hybridcache.eviction.Evictor.deepest_unpinned>`):
-    a call per segment was a third of a full miniature's replay."""
+    (-1: none). ``scan``: ``pred`` walked over the run's block segments in one call
+    (:meth:`Evictor.deepest_unpinned <hybridcache.eviction.Evictor.deepest_unpinned>`,
+    the slot filter's: it judges pages by their blocks, so with one attention group each
+    segment is judged once); without it, or with several groups, ``pred`` is asked unit
+    by unit."""
     held = run.held
-    starts = run.segs[0][0] if len(run.pages) == 1 else None
-    if not starts:
-        for pos in range(start, held - 1, -1):
-            if pred(run.unit_pages(pos)):
-                return pos
-        return -1
-    if scan is not None:
-        return scan(starts, run.segs[0][1], start, held)
-    pages = run.pages[0]
-    j = bisect_right(starts, start) - 1
-    while start >= held and j >= 0:
-        if pred((pages[start],)):
-            return start
-        start = starts[j] - 1  # the deepest unit of the segment before
-        j -= 1
+    if scan is not None and len(run.pages) == 1 and run.segs[0][0]:
+        starts, blocks = run.segs[0]
+        return scan(starts, blocks, start, held)
+    for pos in range(start, held - 1, -1):
+        if pred(run.unit_pages(pos)):
+            return pos
     return -1
 
 

@@ -108,11 +108,13 @@ def _scan_by_unit(run, pred, start: int) -> int:
 @pytest.mark.parametrize("seed", range(6))
 def test_victim_scan_by_block_segment_finds_the_unit_a_scan_by_unit_finds(seed):
     """A slot allocation's victim scan (``value._deepest``, most of a miniature cache's
-    replay cost) asks each block segment of a run once instead of each unit: on random runs
-    (pages scattered and in consecutive stretches, any pin depth, blocks allowed at random,
-    one and two attention groups) it must return what the unit-by-unit scan returns."""
+    replay cost) judges each block segment of a run once instead of each unit
+    (``eviction.deepest_unpinned_segment``, over tables that allow a random set of blocks):
+    on random runs (pages scattered and in consecutive stretches, any pin depth, one and two
+    attention groups) it must return what the unit-by-unit scan returns."""
     import random
 
+    from hybridcache.eviction import deepest_unpinned_segment
     from hybridcache.policies.value import _deepest
     from hybridcache.runs import Run
 
@@ -135,8 +137,15 @@ def test_victim_scan_by_block_segment_finds_the_unit_a_scan_by_unit_finds(seed):
         def pred(unit_pages, ok=ok, ppb=ppb):
             return any(p // ppb in ok for p in unit_pages)
 
+        # The slab tables that allow exactly ``ok``: every block fully registered, the
+        # others pinned.
+        full, pinned = [1] * 110, set(range(110)) - ok
+
+        def scan(starts, blocks, start, held, full=full, pinned=pinned):
+            return deepest_unpinned_segment(starts, blocks, start, held, full, full, pinned)
+
         for start in range(-1, n):
-            assert _deepest(run, pred, start) == _scan_by_unit(run, pred, start), (ppb, pages, run.held, ok, start)
+            assert _deepest(run, pred, start, scan) == _scan_by_unit(run, pred, start), (ppb, pages, run.held, ok, start)
 
 
 @pytest.mark.parametrize("kind", ["chat", "docs", "agentic"])
