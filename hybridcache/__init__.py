@@ -18,6 +18,7 @@ from hybridcache.errors import (
 )
 from hybridcache.manager import HybridCacheManager
 from hybridcache.metrics import CacheMetrics
+from hybridcache.pending_saves import WithdrawnSave
 from hybridcache.plans import Allocation, CopyPlan, MatchResult, SavePoint
 from hybridcache.presets import get_preset, preset_names
 from hybridcache.spec import ModelSpec
@@ -40,6 +41,7 @@ __all__ = [
     "SavePoint",
     "SpecError",
     "UnknownNameError",
+    "WithdrawnSave",
     "get_preset",
     "preset_names",
 ]

@@ -264,14 +264,23 @@ class Evictor:
         return got[0] if got else None
 
     def alloc_pages(self, n: int) -> list[int]:
-        """``n`` pages, evicting as needed; fewer when nothing more can be evicted."""
+        """``n`` pages, evicting as needed; fewer when nothing more can be evicted.
+
+        Pending spare checkpoints of the step go before any cached entry, other pending
+        save points only once nothing is evictable (hybridcache.pending_saves)."""
         out = self.arena.alloc_pages(n)
+        if len(out) == n:
+            return out  # the usual step: free room
+        pend = self._index.pending_saves
+        if pend is not None:
+            while len(out) < n and pend.withdraw(spares_only=True):
+                out += self.arena.alloc_pages(n - len(out))
         while len(out) < n:
             if self._stranded_turns(out, n):
                 continue
             choice = self.chooser.choose(None, [])  # evict_one, with a tail range
             if choice is None:
-                if not self._evict_sliding():
+                if not self._evict_sliding() and (pend is None or not pend.withdraw(spares_only=False)):
                     break
             else:
                 got = self._take_tail_pages(choice[1], n - len(out)) if choice[0] == "kv" else None
@@ -372,6 +381,7 @@ class Evictor:
     def alloc_slot(self) -> int | None:
         """A state slot, evicting as needed; ``None`` when nothing more can be evicted
         (or only KV in slabs that running requests pin, which would free no block).
+        Pending save points are taken back as :meth:`alloc_pages` does.
 
         A slot needs an empty block: when snapshots are larger than pages, KV victims come
         only from slabs that no request pins. Pinned-slab KV entries are set aside once for
@@ -380,6 +390,12 @@ class Evictor:
         s = self.arena.alloc_slot()
         if s is not None:
             return s
+        pend = self._index.pending_saves
+        if pend is not None:  # the step's pending spares go first (hybridcache.pending_saves)
+            while pend.withdraw(spares_only=True):
+                s = self.arena.alloc_slot()
+                if s is not None:
+                    return s
         pred = self._slot_pred
         batch = self._aside is not None
         aside: list = self._aside if batch else []  # type: ignore[assignment]
@@ -395,7 +411,7 @@ class Evictor:
                     continue
                 choice = choose(pred, aside)
                 if choice is None:
-                    if self._evict_sliding(pred):
+                    if self._evict_sliding(pred) or (pend is not None and pend.withdraw(spares_only=False)):
                         if arena.may_have_slot():
                             s = arena.alloc_slot()
                         continue

@@ -32,6 +32,7 @@ from hybridcache.arena import Arena
 from hybridcache.events import DEVICE, REMOVED, STORED, CacheEvent, EventLog
 from hybridcache.eviction import Evictor
 from hybridcache.index_walks import ChainWalks
+from hybridcache.pending_saves import PendingSaves
 from hybridcache.policies import PolicySettings, build_policy
 from hybridcache.policy import EvictionQueue
 from hybridcache.runs import (
@@ -104,6 +105,9 @@ class PrefixIndex(ChainWalks):
         #: Where events are appended while calls run (hybridcache.events: taken out by
         #: engines, or seen by observers passed to a port); ``None``: not recorded.
         self.events: EventLog | None = None
+        #: Save points of the step being allocated that a later allocation may take back
+        #: (hybridcache.pending_saves); ``None`` until the engine allows it.
+        self.pending_saves: PendingSaves | None = None
         lay = arena.layout
         # The full-attention (and MLA) groups whose pages runs hold; sliding-window groups
         # are cached apart (hybridcache.sliding), in ``sliding``.

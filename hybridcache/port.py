@@ -10,6 +10,8 @@ internals and change without notice. The port gives
 - planned saves: :meth:`planned_save_points` (where admission will want snapshots in a
   range, also before the first allocation), :meth:`save_in_running_slot`,
   :meth:`cancel_save`, :meth:`take_save_slot` / :meth:`release_slot`;
+  :meth:`allow_save_withdrawal` / :meth:`take_withdrawn_saves` (a batching engine's save
+  points taken back within a step, :mod:`hybridcache.pending_saves`);
 - read-only views: :meth:`request` (a :class:`RequestView`), :meth:`digests`,
   :meth:`block_tables`, :meth:`cached_prefix`, :meth:`snapshot_slot`, :meth:`device_prefix`;
 - :meth:`pin_snapshot` / :meth:`unpin_snapshot`: keep a snapshot a running step still
@@ -41,6 +43,7 @@ from hybridcache.errors import InvalidRequestError
 from hybridcache.events import CacheEvent, EventLog, EventQueue, Observer, cleared_event
 from hybridcache.hashing import MultiModalItem
 from hybridcache.invariants import check_manager
+from hybridcache.pending_saves import WithdrawnSave
 from hybridcache.plans import Allocation, MatchResult
 from hybridcache.port_views import CachedPrefix as CachedPrefix
 from hybridcache.port_views import DevicePrefix as DevicePrefix
@@ -238,6 +241,19 @@ class EnginePort:
 
     def cancel_save(self, request_id: str, boundary: int) -> None:
         self._m.cancel_save(request_id, boundary)
+
+    def allow_save_withdrawal(self) -> None:
+        """Declare that this engine allocates a batch of requests before it runs a step and
+        drops the save points :meth:`take_withdrawn_saves` lists: a later request of the
+        step then takes back pending spare checkpoints before it evicts, and any pending
+        save point before it is refused (:mod:`hybridcache.pending_saves`). For the
+        manager, so for every port over it."""
+        self._m.allow_save_withdrawal()
+
+    def take_withdrawn_saves(self) -> list[WithdrawnSave]:
+        """The save points withdrawn since the last call, oldest first: call it after the
+        step's allocations and before the step runs, and write none of them."""
+        return self._m.take_withdrawn_saves()
 
     def take_save_slot(self, request_id: str, boundary: int) -> int:
         """Take a pending save point's slot out of the request: no snapshot is registered

@@ -26,7 +26,9 @@ so the supply of each phase is what the arena would hold after that:
   block of evictable snapshots.
 
 The hit that a first allocation would hold is counted as held, and its restored snapshot
-as pinned, without holding or pinning them.
+as pinned, without holding or pinning them. Where the engine allows it, the step's pending
+save points count like evictable snapshots: the take withdraws them before it gives up
+(hybridcache.pending_saves).
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class Room:
             # pinned whether or not it is already).
             index, arena = self.index, self.arena
             ev = index.snapshots - index.pinned_snapshots - (restore is not None)
+            if index.pending_saves is not None:
+                ev += index.pending_saves.count()
             kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
             if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
                 return True
@@ -102,6 +106,8 @@ def fits(
     ev_snaps = index.snapshots - index.pinned_snapshots
     if restore is not None and restore.snap >= 0 and restore.snap_ref == 0:
         ev_snaps -= 1
+    if index.pending_saves is not None:  # the step's save points it may take back
+        ev_snaps += index.pending_saves.count()
     if spb <= 1:
         # One slot per block: a quick yes from free entries, free blocks and evictable
         # snapshots alone (the usual answer once the cache is full), before KV is counted.
@@ -156,13 +162,16 @@ def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold], slide_hold: Seque
 
 
 def _evictable_state_blocks(index: PrefixIndex) -> int:
-    """State blocks whose every used slot holds an evictable snapshot (several slots per
-    block): evicting them empties the block for pages."""
+    """State blocks whose every used slot holds an evictable snapshot or a pending save
+    point (several slots per block): evicting them empties the block for pages."""
     arena = index.arena
     spb = arena.layout.slots_per_block
     evictable = [0] * arena.layout.num_blocks
     for node in index.handles.values():
         if node.snap >= 0 and node.snap_ref == 0:
             evictable[node.snap // spb] += 1
+    if index.pending_saves is not None:
+        for s in index.pending_saves.slots():
+            evictable[s // spb] += 1
     used = arena.used_per_block
     return sum(1 for b, n in enumerate(evictable) if n and n == used[b])

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridcache.admission import admission_points, spare_points
 from hybridcache.errors import InvalidRequestError
+from hybridcache.pending_saves import PendingSaves, WithdrawnSave
 from hybridcache.plans import SavePoint
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -29,6 +30,7 @@ class SavePointControl:
     admission: Any
     index: Any
     metrics: Any
+    requests: dict[str, Request]
     unit: int
     has_state: bool
     _seen: dict[bytes, int]
@@ -41,37 +43,46 @@ class SavePointControl:
             return ()  # no state: no save point, whatever admission wants
         wanted = admission_points(self.admission, req, start, end, self.unit)
         out: list[SavePoint] = []
-        for b, rolling in wanted:
-            if b in req.saves:
-                continue
-            if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
-                continue
-            if rolling and req.draft_slots:
-                # Inside a speculative step the boundary may be rejected: write it to a
-                # fresh slot so the last accepted turn-end state survives until accept().
-                s = self.index.alloc_slot()
-                if s is None:
-                    self.metrics.snapshots_skipped += 1
+        pend = self.index.pending_saves  # a batching engine's (hybridcache.pending_saves)
+        if pend is not None:
+            pend.optional = True  # a save point takes back spares, never a save point
+        try:
+            for b, rolling in wanted:
+                if b in req.saves:
                     continue
-                req.pending_rolling = (b, s)
-                out.append(SavePoint(b, s))
-                continue
-            if rolling:
-                if req.rolling_slot < 0:
+                if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
+                    continue
+                if rolling and req.draft_slots:
+                    # Inside a speculative step the boundary may be rejected: write it to a
+                    # fresh slot so the last accepted turn-end state survives until accept().
                     s = self.index.alloc_slot()
                     if s is None:
                         self.metrics.snapshots_skipped += 1
                         continue
-                    req.rolling_slot = s
-                req.rolling_boundary = b
-                out.append(SavePoint(b, req.rolling_slot))
-                continue
-            s = self.index.alloc_slot()
-            if s is None:
-                self.metrics.snapshots_skipped += 1
-                continue
-            req.saves[b] = s
-            out.append(SavePoint(b, s))
+                    req.pending_rolling = (b, s)
+                    out.append(SavePoint(b, s))
+                    continue
+                if rolling:
+                    if req.rolling_slot < 0:
+                        s = self.index.alloc_slot()
+                        if s is None:
+                            self.metrics.snapshots_skipped += 1
+                            continue
+                        req.rolling_slot = s
+                    req.rolling_boundary = b
+                    out.append(SavePoint(b, req.rolling_slot))
+                    continue
+                s = self.index.alloc_slot()
+                if s is None:
+                    self.metrics.snapshots_skipped += 1
+                    continue
+                req.saves[b] = s
+                if pend is not None:
+                    pend.note(req, b, s, False)
+                out.append(SavePoint(b, s))
+        finally:
+            if pend is not None:
+                pend.optional = False
         if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
             out += self._spare_saves(req, start, end)
         return tuple(out)
@@ -92,10 +103,13 @@ class SavePointControl:
         arena has a free slot (``Arena.alloc_slot`` never evicts): called after the step's
         pages and its own save points are allocated, so a spare one never takes room the step
         needs. They are marked on the request (``spare``) so that registration ranks them
-        first to evict and leaves them out of the FLOPs the next snapshot is valued by."""
+        first to evict and leaves them out of the FLOPs the next snapshot is valued by. A
+        batching engine's later request of the same step may take them back before it
+        evicts anything (hybridcache.pending_saves)."""
         out: list[SavePoint] = []
         if not self.has_state or not self.arena.may_have_slot():
             return out  # no free room: every alloc_slot below would refuse (most steps under pressure)
+        pend = self.index.pending_saves
         for b in spare_points(self.admission, start, end):
             if b in req.saves or b == req.rolling_boundary:
                 continue
@@ -106,8 +120,27 @@ class SavePointControl:
             i = bisect.bisect_left(req.spare, b)  # kept sorted (a rejected step re-plans)
             if i == len(req.spare) or req.spare[i] != b:
                 req.spare.insert(i, b)
+            if pend is not None:
+                pend.note(req, b, s, True)
             out.append(SavePoint(b, s))
         return out
+
+    def allow_save_withdrawal(self) -> None:
+        """The engine allocates several requests before it runs a step, and drops the save
+        points :meth:`take_withdrawn_saves` lists before it runs the step: from now on a
+        later allocation of the step takes back an earlier one's pending spare checkpoint
+        before it evicts, and any pending save point before it is refused
+        (:mod:`hybridcache.pending_saves`). Idempotent."""
+        if self.index.pending_saves is None:
+            self.index.pending_saves = PendingSaves(self.requests, self.arena)
+
+    def take_withdrawn_saves(self) -> list[WithdrawnSave]:
+        """Save points taken back since the last call (empty unless
+        :meth:`allow_save_withdrawal` was called): the engine must not write them, and no
+        snapshot is registered at their boundaries. A save served in place
+        (``in_place``) gave the request its old running slot back."""
+        pend = self.index.pending_saves
+        return pend.take_withdrawn() if pend is not None else []
 
     def save_in_running_slot(self, request_id: str, boundary: int) -> int:
         """Serve a save point without a copy: the state at ``boundary`` will be left in the

@@ -1,0 +1,138 @@
+"""Save points handed out in a step and not yet written: room a later request of the same
+step may take back (withdraw) instead of evicting a cached entry or being refused.
+
+An engine that runs one request at a time (the simulator, the reference runner) commits a
+request's step before it allocates the next, so a save point's slot is a registered,
+evictable snapshot by the time anyone else needs room. An engine that allocates a whole
+batch before it runs the step (vLLM's scheduler) holds every save slot of the batch at
+once: a slot the ``spare-interval`` rule took from free room, or the last free block an
+interval checkpoint took, is then missing for a later request of the same step, which
+evicts for it or, when nothing is evictable, is refused (a preemption a save caused).
+
+What a withdrawal takes back, and in which order (:meth:`PendingSaves.withdraw`):
+
+- **spare checkpoints first**, before any cached entry is evicted: once registered they
+  rank first to evict anyway (:mod:`hybridcache.admission`);
+- **other save points last**, only when nothing else is evictable, and never for another
+  save point (an optional save taking an optional save's room gains nothing): a state
+  that is merely worth keeping never costs a running request its place;
+- the latest grant first (the request scheduled last in the step).
+
+The engine must not write a withdrawn save point (:meth:`take_withdrawn`). Withdrawal is
+therefore off until the engine declares it drops them
+(:meth:`hybridcache.port.EnginePort.allow_save_withdrawal`): an engine that has already
+launched a request's step would write into a slot someone else then holds. A save served
+in place (:meth:`~hybridcache.save_points.SavePointControl.save_in_running_slot`, vLLM's
+Mamba layers) swaps the running slot and the save slot; withdrawing it swaps them back and
+frees the fresh slot, which the engine would only have used from the next step on.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.arena import Arena
+    from hybridcache.requests import Request
+
+
+class WithdrawnSave(NamedTuple):
+    """A save point taken back before its step ran: the engine must not write ``slot``.
+
+    Attributes:
+        request_id: the request whose step held it.
+        boundary: the save point's token boundary (no snapshot is registered there).
+        slot: the slot freed; for a save served in place, the fresh slot that would have
+            become the running one (the request computes in its old running slot again).
+        in_place: whether the save had been served in place.
+    """
+
+    request_id: str
+    boundary: int
+    slot: int
+    in_place: bool
+
+
+class PendingSaves:
+    """The save points of the step being allocated (module docstring).
+
+    Args:
+        requests: the manager's live requests (a grant is pending while its request is
+            live and still holds the save point with the granted slot).
+        arena: where withdrawn slots go back.
+    """
+
+    __slots__ = ("requests", "arena", "grants", "withdrawn", "optional")
+
+    def __init__(self, requests: dict[str, Request], arena: Arena) -> None:
+        self.requests = requests
+        self.arena = arena
+        #: ``(request, boundary, slot, spare)`` in grant order; entries whose save was
+        #: written, cancelled or freed since are dropped lazily (:meth:`_pending`).
+        self.grants: list[tuple[Request, int, int, bool]] = []
+        #: Withdrawn since the engine last took them (:meth:`take_withdrawn`).
+        self.withdrawn: list[WithdrawnSave] = []
+        #: True while the manager schedules save points: they may take spares back but
+        #: never another save point (module docstring).
+        self.optional = False
+
+    def note(self, req: Request, boundary: int, slot: int, spare: bool) -> None:
+        """Record a save point just handed out (``req.saves[boundary] == slot``)."""
+        grants = self.grants
+        grants.append((req, boundary, slot, spare))
+        if len(grants) > 64 + 4 * len(self.requests):  # keep the list at O(step) size
+            self.grants = [g for g in grants if self._pending(g)]
+
+    def _pending(self, grant: tuple[Request, int, int, bool]) -> bool:
+        """Whether a grant still holds its slot unwritten: its request is live and the save
+        point holds the slot, or (served in place) the request computes in it."""
+        req, b, s, _ = grant
+        held = req.saves.get(b)
+        return held is not None and (held == s or req.slot == s) and self.requests.get(req.id) is req
+
+    def count(self) -> int:
+        """Slots a required allocation could take back (spares and other save points)."""
+        self.grants = grants = [g for g in self.grants if self._pending(g)]
+        return len(grants)
+
+    def slots(self) -> list[int]:
+        """The slots :meth:`count` counts."""
+        return [g[2] for g in self.grants if self._pending(g)]
+
+    def withdraw(self, *, spares_only: bool) -> bool:
+        """Take back the latest pending spare (``spares_only``), or else the latest pending
+        save point of any kind unless :attr:`optional`; False when there is none.
+
+        Internal updates: the save point leaves its request (``saves``; ``spare``), a save
+        served in place gives the request its old running slot back, the slot returns to
+        the arena, and a :class:`WithdrawnSave` is queued for the engine.
+        """
+        if not spares_only and self.optional:
+            return False
+        grants = self.grants
+        for i in range(len(grants) - 1, -1, -1):
+            g = grants[i]
+            if not self._pending(g):
+                del grants[i]
+                continue
+            if spares_only and not g[3]:
+                continue
+            del grants[i]
+            self._undo(*g)
+            return True
+        return False
+
+    def _undo(self, req: Request, b: int, s: int, spare: bool) -> None:
+        in_place = req.saves[b] != s
+        if in_place:  # save_in_running_slot swapped them: swap back
+            req.slot = req.saves[b]
+        del req.saves[b]
+        if spare:
+            req.spare.remove(b)
+        self.arena.free_slot(s)
+        self.withdrawn.append(WithdrawnSave(req.id, b, s, in_place))
+
+    def take_withdrawn(self) -> list[WithdrawnSave]:
+        """The save points withdrawn since the last call, oldest first."""
+        out, self.withdrawn = self.withdrawn, []
+        return out

@@ -1,0 +1,264 @@
+"""Save points a later request of the same step takes back (hybridcache.pending_saves).
+
+An engine that allocates a whole batch before it runs the step holds every save slot of
+the batch at once. These tests allocate several requests before committing any, as vLLM's
+scheduler does, and hold withdrawal to its promises: spares go before any cached entry,
+other save points only before a refusal and never for another save point, a refused
+allocation takes nothing back, a save served in place gives the running slot back, and
+the engine is told every save point it must not write.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hybridcache.errors import OutOfSpaceError
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.port import EnginePort
+from hybridcache.presets import get_preset
+
+from .conftest import tiny_spec
+
+UNIT = 16
+KIMI = get_preset("kimi-linear-48b")
+BLOCK = HybridCacheManager(KIMI, 1 << 30, CacheConfig(hash_unit=UNIT)).layout.block_bytes
+
+
+def _tokens(start: int, n: int) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.uint32)
+
+
+def _manager(blocks: int, admission: str, allow: bool = True) -> HybridCacheManager:
+    m = HybridCacheManager(KIMI, blocks * BLOCK, CacheConfig(hash_unit=UNIT, admission=admission))
+    if allow:
+        m.allow_save_withdrawal()
+    return m
+
+
+def _state(m: HybridCacheManager) -> tuple:
+    return (sorted(m.arena._free_blocks), {r: dict(q.saves) for r, q in m.requests.items()},
+            m.index.snapshots, dict(m.index.evictions))
+
+
+SPARES = "last-token+spare-interval:352"
+
+
+def test_a_later_request_takes_an_earlier_ones_spares_back():
+    """12 blocks: A's 5,000-token step leaves no free block (its page block, running slot,
+    last-token save, and nine spares); B's first step needs a slot. Nothing is cached, so
+    without withdrawal B is refused (a preemption a spare caused)."""
+    for allow in (False, True):
+        m = _manager(12, SPARES, allow)
+        m.add_request("a", _tokens(1, 5000))
+        m.add_request("b", _tokens(10**6, 101))
+        a = m.allocate("a", 5000)
+        spares = sorted(sp.boundary for sp in a.save_points if sp.boundary != 4992)
+        assert len(spares) == 9 and not m.arena._free_blocks
+        if not allow:
+            before = _state(m)
+            with pytest.raises(OutOfSpaceError):
+                m.allocate("b", 101)
+            assert _state(m) == before and m.take_withdrawn_saves() == []
+            continue
+        b = m.allocate("b", 101)
+        taken = m.take_withdrawn_saves()
+        # The latest spares first: B's running slot, then B's own last-token save (a
+        # spare goes before anything, for any allocation).
+        assert [(w.request_id, w.boundary, w.in_place) for w in taken] == [
+            ("a", spares[-1], False), ("a", spares[-2], False)]
+        assert b.running_slot == taken[0].slot and [sp.slot for sp in b.save_points] == [taken[1].slot]
+        assert set(m.requests["a"].saves) == {4992, *spares[:-2]}
+        assert m.requests["a"].spare == spares[:-2]
+        m.check_invariants()
+        m.commit("a", 5000)
+        m.commit("b", 101)
+        m.check_invariants()
+        assert m.metrics.snapshots_saved == 1 + 7 + 1  # A's last-token and 7 spares; B's
+        assert m.take_withdrawn_saves() == []
+
+
+def test_a_refused_allocation_takes_nothing_back():
+    m = _manager(12, SPARES)
+    m.add_request("a", _tokens(1, 5000))
+    # Ten page blocks and a slot: A's ten pending saves and no free block are one short.
+    m.add_request("big", _tokens(10**6, 10 * 337 * UNIT))
+    m.allocate("a", 5000)
+    before = _state(m)
+    with pytest.raises(OutOfSpaceError):
+        m.allocate("big", 10 * 337 * UNIT)
+    assert _state(m) == before and m.take_withdrawn_saves() == []
+    m.check_invariants()
+
+
+def test_spares_go_before_cached_entries():
+    """A cached, evictable snapshot and a pending spare: the spare goes, the entry stays."""
+    m = _manager(12, SPARES)
+    m.add_request("old", _tokens(5 * 10**6, 401))
+    m.allocate("old", 401)
+    m.commit("old", 401)
+    m.free("old")
+    cached = m.index.snapshots
+    assert cached >= 2  # its last-token save and a spare
+    m.add_request("a", _tokens(1, 5000))
+    m.add_request("b", _tokens(10**6, 101))
+    m.allocate("a", 5000)
+    assert not m.arena._free_blocks
+    m.allocate("b", 101)
+    assert m.index.snapshots == cached and m.index.evictions == {"kv": 0, "state": 0}
+    assert all(w.request_id == "a" for w in m.take_withdrawn_saves())
+    m.check_invariants()
+
+
+def test_other_save_points_go_last_and_never_for_a_save_point():
+    """Interval checkpoints are taken back only when nothing cached is left, and only for
+    what the step must have (its running slot, its pages): B's own checkpoints are then
+    skipped rather than taken from A."""
+    m = _manager(12, "interval:352")
+    m.add_request("old", _tokens(5 * 10**6, 401))
+    m.allocate("old", 401)
+    m.commit("old", 401)
+    m.free("old")
+    assert m.index.snapshots == 1  # the 352 checkpoint: cached, evictable
+    m.add_request("a", _tokens(1, 3200))  # one page block with old's pages; 9 checkpoints
+    a = m.allocate("a", 3200)
+    assert not m.arena._free_blocks and len(a.save_points) == 9 and m.index.snapshots == 1
+    m.add_request("b", _tokens(10**6, 800))  # wants two checkpoints of its own
+    skipped = m.metrics.snapshots_skipped
+    m.allocate("b", 800)
+    # The cached checkpoint went first (B's running slot); nothing else was evictable,
+    # so B's checkpoints were skipped, none taken from A.
+    assert m.index.evictions["state"] == 1 and m.take_withdrawn_saves() == []
+    assert m.metrics.snapshots_skipped == skipped + 2 and len(m.requests["a"].saves) == 9
+    # C's step must have a slot: A's latest checkpoint goes (last resort).
+    m.add_request("c", _tokens(2 * 10**6, 50))
+    c = m.allocate("c", 50)
+    (w,) = m.take_withdrawn_saves()
+    assert (w.request_id, w.boundary, w.slot) == ("a", 3168, c.running_slot)
+    m.check_invariants()
+
+
+def test_a_save_served_in_place_gets_its_running_slot_back():
+    """vLLM's way: the running slot becomes the snapshot and the save slot the next
+    running slot. Taken back, the request computes in its old running slot again."""
+    m = _manager(12, SPARES)
+    m.add_request("a", _tokens(1, 5000))
+    a = m.allocate("a", 704)  # a step ending on a spare boundary
+    assert [sp.boundary for sp in a.save_points] == [352, 704]
+    old_running = a.running_slot
+    new_running = m.save_in_running_slot("a", 704)
+    m.cancel_save("a", 352)  # inside the step: vLLM's adapter drops it
+    assert m.requests["a"].saves[704] == old_running
+    while m.arena._free_blocks:  # someone else takes the free room
+        m.arena.alloc_slot()
+    m.add_request("b", _tokens(10**6, 101))
+    m.allocate("b", 101)
+    (w,) = m.take_withdrawn_saves()
+    assert (w.boundary, w.slot, w.in_place) == (704, new_running, True)
+    assert m.requests["a"].slot == old_running and 704 not in m.requests["a"].saves
+
+
+def test_the_port_passes_it_through():
+    m = HybridCacheManager(KIMI, 12 * BLOCK, CacheConfig(hash_unit=UNIT, admission=SPARES))
+    port = EnginePort(m)
+    assert m.index.pending_saves is None and port.take_withdrawn_saves() == []
+    port.allow_save_withdrawal()
+    port.allow_save_withdrawal()  # idempotent
+    pend = m.index.pending_saves
+    assert pend is not None
+    port.add_request("a", _tokens(1, 5000))
+    port.add_request("b", _tokens(10**6, 101))
+    port.allocate("a", 5000)
+    port.allocate("b", 101)
+    assert len(port.take_withdrawn_saves()) == 2 and m.index.pending_saves is pend
+
+
+# ---------------------------------------------------------------- batched steps, at random
+#: ``(request, prompt size)``; size 0 preempts the request (frees it, unfinished), which
+#: leaves free room the next requests' spares take.
+STEP = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 300)), min_size=1, max_size=12)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.lists(STEP, min_size=1, max_size=16),
+       admission=st.sampled_from(["last-token+spare-interval:32", "interval:32+spare-interval:16",
+                                  "last-token+turn-end+interval:48"]),
+       big_state=st.booleans(), blocks=st.integers(5, 12))
+def test_batched_steps_keep_every_promise(steps, admission, big_state, blocks):
+    """Random batched steps over a tiny model (several slots per block when the state is
+    small): every step's requests are allocated before any commits. After every call the
+    invariants hold (every page and slot owned once); a withdrawn save point has left its
+    request (so its commit registers nothing there), every other one handed out is still
+    there when the step commits; a refused allocation changes nothing."""
+    spec = tiny_spec(big_state=big_state)
+    one = HybridCacheManager(spec, 1 << 20, CacheConfig(hash_unit=UNIT)).layout.block_bytes
+    m = HybridCacheManager(spec, blocks * one, CacheConfig(hash_unit=UNIT, admission=admission))
+    m.allow_save_withdrawal()
+    rng = np.random.default_rng(len(steps))
+    live: dict[str, int] = {}  # request -> tokens still to allocate
+    n = 0
+    for step in steps:
+        handed: dict[str, set[int]] = {}
+        for who, size in step:
+            rid = f"r{who}"
+            if not size:
+                if rid in m.requests and rid not in handed:
+                    m.free(rid, finished=False)
+                    del live[rid]
+                continue
+            if rid not in m.requests:
+                n += 1
+                m.add_request(rid, rng.integers(0, 4, size=size + UNIT).astype(np.uint32), tenant=None)
+                live[rid] = size + UNIT
+            if rid in handed or not live[rid]:
+                continue
+            todo = min(live[rid], int(rng.integers(1, 6 * UNIT)))
+            before = (sorted(m.arena._free_blocks), m.arena.slots_in_use, m.arena.pages_in_use,
+                      m.index.snapshots, len(m.index.pending_saves.withdrawn))
+            try:
+                a = m.allocate(rid, todo)
+            except OutOfSpaceError:
+                after = (sorted(m.arena._free_blocks), m.arena.slots_in_use, m.arena.pages_in_use,
+                         m.index.snapshots, len(m.index.pending_saves.withdrawn))
+                assert after == before
+                continue
+            live[rid] -= todo
+            handed[rid] = {sp.boundary for sp in a.save_points if sp.slot != m.requests[rid].rolling_slot}
+            m.check_invariants()
+        withdrawn = m.take_withdrawn_saves()
+        for w in withdrawn:
+            assert w.boundary not in m.requests[w.request_id].saves
+            handed[w.request_id].discard(w.boundary)
+        for rid in handed:
+            req = m.requests[rid]
+            assert set(req.saves) == handed[rid]
+            m.commit(rid, req.num_allocated)
+            assert not req.saves
+        for rid in [r for r, left in live.items() if not left]:
+            m.free(rid)
+            del live[rid]
+        m.check_invariants()
+
+
+def test_small_states_give_a_block_back_once_all_its_slots_are_taken_back():
+    """Several slots per block (a state smaller than a page): a page needs a whole block,
+    so the count takes a block of pending saves as room only if every used slot in it is
+    a pending save or an evictable snapshot, and the take then withdraws them all."""
+    spec = tiny_spec(big_state=False)
+    one = HybridCacheManager(spec, 1 << 20, CacheConfig(hash_unit=UNIT)).layout.block_bytes
+    m = HybridCacheManager(spec, 7 * one, CacheConfig(hash_unit=UNIT, admission="last-token+spare-interval:16"))
+    assert m.layout.slots_per_block == 4 and m.layout.pages_per_block == 1
+    m.allow_save_withdrawal()
+    m.add_request("b", _tokens(10**6, 40))
+    m.allocate("b", 16)
+    m.commit("b", 16)
+    m.add_request("a", _tokens(1, 200))
+    a = m.allocate("a", 64)
+    assert len(a.save_points) == 4 and not m.arena._free_blocks
+    m.allocate("b", 16)  # one page: A's four spares are one block's worth
+    taken = m.take_withdrawn_saves()
+    assert sorted(w.boundary for w in taken) == [16, 32, 48, 64] and not m.requests["a"].saves
+    m.check_invariants()
