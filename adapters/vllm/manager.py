@@ -92,6 +92,13 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
             hits and states also land inside a block, through sub-block tails (:mod:`.fine`).
     """
 
+    #: vLLM's scheduler allocates the whole batch before the worker runs it, and every
+    #: save point here is served in place at a step end (:meth:`_run_save`): a later
+    #: request of the step may take an earlier one's back rather than evict or be refused
+    #: (:meth:`_drop_withdrawn`). Subclasses whose saves outlive the allocation (the
+    #: speculative path's columns, a connector load's end save) keep it off.
+    withdraws_saves = True
+
     def __init__(
         self,
         kv_cache_config: KVCacheConfig,
@@ -120,6 +127,8 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         cfg = dataclasses.replace(config or CacheConfig(), hash_unit=self.block_size, alignment=1)
         self.manager = HybridCacheManager(self.spec, self.num_blocks * self.block_size, cfg)
         self.port = EnginePort(self.manager, record_events=False)
+        if self.withdraws_saves:
+            self.port.allow_save_withdrawal()
         self.attn_groups = self.port.attention_groups  # our group names, in attn_ids order
         self._pages_per_block = max(self.port.layout.pages_per_block, 1)
         self._quotas = bool(self.port.config.tenant_quotas)
@@ -339,6 +348,7 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
             self.stats_counters.allocation_failures += 1
             return None
         alloc = self._allocate(rid, num_new_tokens + below)
+        self._drop_withdrawn()
         if alloc is None:
             return None
         self.stats_counters.allocations += 1
@@ -353,6 +363,20 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
             self.tails.restore(rid, fine.tail, [tr.tables[g][col] for g in self.attn_ids],
                                [tr.tables[g][col] for g in self.mamba_ids])
         return self._take_new_blocks(tr)
+
+    def _drop_withdrawn(self) -> None:
+        """Forget the snapshots of save points a later allocation of this step took back
+        (:mod:`hybridcache.pending_saves`): each was served in place at a step end
+        (:meth:`_run_save`), so the core gave its request the old running slot back, the
+        slot the request's column already holds; nothing of the step's blocks changes.
+        Requests waiting for such a snapshot (:meth:`_pending_deeper`) would wait for
+        nothing: its digest leaves the pending set."""
+        for w in self.port.take_withdrawn_saves():
+            self.stats_counters.saves_withdrawn += 1
+            tr = self._tracked.get(w.request_id)
+            unit = w.boundary // self.block_size - 1
+            if tr is not None and 0 <= unit < len(tr.view.digests):
+                self._pending_snaps.discard(tr.view.digests[unit])
 
     def _deferred(self, rid: str) -> bool:
         """Whether ``rid`` was told to wait one step (see :meth:`_pending_deeper`)."""
@@ -465,6 +489,7 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
     # ------------------------------------------------------------------ steps
     def new_step_starts(self) -> None:
         """Commit what the previous step computed, so this step's lookups can hit it."""
+        self._drop_withdrawn()  # (sub-block tails' own slots may have taken some back)
         if self.tails is not None:
             self.tails.new_step()  # before the commits below queue this step's copies
         for tr in self._tracked.values():

@@ -51,6 +51,10 @@ from .manager import HybridKVCacheManager, _Tracked
 class ConnectorKVCacheManager(HybridKVCacheManager):
     """:class:`HybridKVCacheManager` that accepts connector loads and offers its snapshots."""
 
+    #: A loading request holds its end save across steps until the load lands; taking it
+    #: back under the connector is not modelled, so saves are never withdrawn here.
+    withdraws_saves = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Requests whose asynchronous load is in flight -> tokens it will have computed.

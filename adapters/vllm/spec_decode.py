@@ -90,6 +90,10 @@ class SpecDecodeKVCacheManager(HybridKVCacheManager):
         Other arguments: :class:`~.manager.HybridKVCacheManager`'s.
     """
 
+    #: Save points are served after the step (``_accept_step``), from slots recorded at
+    #: allocation: one taken back meanwhile would be served from a slot someone else holds.
+    withdraws_saves = False
+
     def __init__(self, *args: Any, num_speculative_tokens: int, columns_whole: bool = False,
                  **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

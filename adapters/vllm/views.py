@@ -40,6 +40,8 @@ class AdapterStats:
     allocation_failures: int = 0
     saves_in_place: int = 0
     saves_dropped: int = 0
+    # Save points a later request of the same step took back (hybridcache.pending_saves).
+    saves_withdrawn: int = 0
     commits: int = 0
     deferred: int = 0
     live_saves_held: int = 0
