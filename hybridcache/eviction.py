@@ -101,10 +101,12 @@ class LowestFirst:
         (see :meth:`EvictionQueue.first <hybridcache.policy.EvictionQueue.first>` for ``aside``)."""
         b = self.snap_q.peek()
         top = self.kv_q.peek_priority()
-        if top is not None and (b is None or top <= b[0]):
+        if (top is not None and (b is None or top <= b[0])) or (top is None and pred is not None):
             # Only a KV entry ranked at or below the best snapshot can win; with a
             # predicate, scan for one in an unpinned slab (first() ranks at or above the
-            # top). The victim's handle is made only now that KV may win.
+            # top). The victim's handle is made only now that KV may win. With no top
+            # left, a slot allocation's earlier scans may have set every run aside while
+            # their deeper units stay offered: first() still has those.
             a = self.kv_q.peek() if pred is None else self.kv_q.first(pred, aside)
             if a is not None and (b is None or a[0] <= b[0]):
                 return "kv", a[1]
