@@ -8,7 +8,8 @@ is held at once (hybridcache.pending_saves). This runs the scheduler-level harne
 ``tests/adapters`` (a hand-built tiny Qwen3-Next cache layout, a simulated worker that
 checks every block, no model forward) over 8 sessions of 3 turns with 100-300-token
 answers, in pools of ``--blocks`` blocks, and prints per pool the preemptions, the cached
-tokens found and the scheduler steps summed over ``--seeds``:
+tokens found, the tokens computed (prefill and decode, a preempted request's recomputation
+included: the work the cache did not save) and the scheduler steps, summed over ``--seeds``:
 
 - ``vllm``: vLLM's own manager at its default, and at its strongest setting
   (``prefix_match_unit`` 16, ``prefix_cache_retention_interval`` None);
@@ -56,7 +57,8 @@ def main() -> None:
     model_dir = h.write_config_dir(Path(tempfile.mkdtemp()) / "model")
     seeds = [int(s) for s in args.seeds.split(",")]
     names = {"default": h.DEFAULT_ADMISSION, "adaptive": "adaptive"}
-    print(f"{'blocks':>6} {'setting':<28} {'preempted':>9} {'cached':>7} {'steps':>6} {'taken back':>10}")
+    print(f"{'blocks':>6} {'setting':<28} {'preempted':>9} {'cached':>7} {'computed':>8} {'steps':>6} "
+          f"{'taken back':>10}")
     for blocks in (int(b) for b in args.blocks.split(",")):
         runs: list[tuple[str, dict]] = [
             ("vllm default", {}), ("vllm unit 16, retention None", {"prefix_match_unit": 16, "retention": None})]
@@ -72,10 +74,18 @@ def main() -> None:
             cls = Scheduler if allow is None else HybridCacheScheduler
             if allow is not None:
                 HybridKVCacheManager.withdraws_saves = allow
-            tot = [0, 0, 0, 0]
+            tot = [0, 0, 0, 0, 0]
             outs = {}
             for seed in seeds:
                 sched = h.make_scheduler(model_dir, cls, num_blocks=blocks, **kw)
+                schedule = sched.schedule
+
+                def counted(schedule=schedule, tot=tot):  # noqa: ANN202 - the scheduler's own
+                    out = schedule()
+                    tot[4] += out.total_num_scheduled_tokens
+                    return out
+
+                sched.schedule = counted
                 res = h.drive(sched, sessions(seed))
                 outs.update({f"{seed}:{rid}": out for rid, out in res.outputs.items()})
                 tot[0] += res.preemptions
@@ -86,7 +96,8 @@ def main() -> None:
                     sched.kv_cache_manager.port.check_invariants()
             assert outputs is None or outs == outputs, f"{name}: outputs differ"
             outputs = outs
-            print(f"{blocks:>6} {name:<28} {tot[0]:>9} {tot[1]:>7} {tot[2]:>6} {tot[3]:>10}", flush=True)
+            print(f"{blocks:>6} {name:<28} {tot[0]:>9} {tot[1]:>7} {tot[4]:>8} {tot[2]:>6} {tot[3]:>10}",
+                  flush=True)
     HybridKVCacheManager.withdraws_saves = True
 
 

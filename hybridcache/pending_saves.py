@@ -1,5 +1,6 @@
-"""Save points handed out in a step and not yet written: room a later request of the same
-step may take back (withdraw) instead of evicting a cached entry or being refused.
+"""Room a later request of a step may take back (withdraw) instead of evicting a cached
+entry or being refused: the save points handed out in the step and not yet written, and
+running requests' settled turn-end slots.
 
 An engine that runs one request at a time (the simulator, the reference runner) commits a
 request's step before it allocates the next, so a save point's slot is a registered,
@@ -16,12 +17,23 @@ What a withdrawal takes back, and in which order (:meth:`PendingSaves.withdraw`)
 - **other save points last**, only when nothing else is evictable, and never for another
   save point (an optional save taking an optional save's room gains nothing): a state
   that is merely worth keeping never costs a running request its place;
-- the latest grant first (the request scheduled last in the step).
+- the latest grant first (the request scheduled last in the step);
+- **then a running request's turn-end slot** (its rolling slot, registered when it
+  finishes so that the next turn resumes after the answer), once settled: written in a
+  step before the request's current one (``0 < rolling_boundary < step_start``), so that
+  nothing reads it before the request finishes, not even an engine that serves saves in
+  place and copies the step's state out of that block in the next step (vLLM). The
+  request goes on computing and only its turn-end snapshot is lost (it saves a new one at
+  its next turn-end point if there is room); preempting a request instead costs its
+  computed tokens and its turn-end slot too. The latest-added request's first, the one
+  vLLM would preempt first.
 
 The engine must not write a withdrawn save point (:meth:`take_withdrawn`). Withdrawal is
 therefore off until the engine declares it drops them
 (:meth:`hybridcache.port.EnginePort.allow_save_withdrawal`): an engine that has already
-launched a request's step would write into a slot someone else then holds. A save served
+launched a request's step would write into a slot someone else then holds. "Settled"
+assumes a step has run before the next one is allocated (synchronous scheduling; the vLLM
+adapter refuses asynchronous scheduling). A save served
 in place (:meth:`~hybridcache.save_points.SavePointControl.save_in_running_slot`, vLLM's
 Mamba layers) swaps the running slot and the save slot; withdrawing it swaps them back and
 frees the fresh slot, which the engine would only have used from the next step on.
@@ -45,12 +57,15 @@ class WithdrawnSave(NamedTuple):
         slot: the slot freed; for a save served in place, the fresh slot that would have
             become the running one (the request computes in its old running slot again).
         in_place: whether the save had been served in place.
+        turn_end: a running request's settled turn-end slot (written in an earlier step,
+            read by nobody): the request has no turn-end state until its next one.
     """
 
     request_id: str
     boundary: int
     slot: int
     in_place: bool
+    turn_end: bool = False
 
 
 class PendingSaves:
@@ -90,21 +105,27 @@ class PendingSaves:
         held = req.saves.get(b)
         return held is not None and (held == s or req.slot == s) and self.requests.get(req.id) is req
 
-    def count(self) -> int:
-        """Slots a required allocation could take back (spares and other save points)."""
-        self.grants = grants = [g for g in self.grants if self._pending(g)]
-        return len(grants)
-
     def slots(self) -> list[int]:
-        """The slots :meth:`count` counts."""
-        return [g[2] for g in self.grants if self._pending(g)]
+        """Every slot an allocation that must be served could take back: the pending save
+        points' and the settled turn-end slots (a walk over the live requests, so the room
+        count asks only when the answer is no without them)."""
+        self.grants = grants = [g for g in self.grants if self._pending(g)]
+        return [g[2] for g in grants] + [r.rolling_slot for r in self._settled_turn_ends()]
+
+    def _settled_turn_ends(self) -> list[Request]:
+        """Live requests whose turn-end slot is settled (module docstring), latest-added
+        first."""
+        return [r for r in reversed(self.requests.values())
+                if r.rolling_slot >= 0 and 0 < r.rolling_boundary < r.step_start]
 
     def withdraw(self, *, spares_only: bool) -> bool:
-        """Take back the latest pending spare (``spares_only``), or else the latest pending
-        save point of any kind unless :attr:`optional`; False when there is none.
+        """Take back the latest pending spare (``spares_only``), or else, unless
+        :attr:`optional`, the latest pending save point of any kind, then a settled
+        turn-end slot; False when there is none.
 
         Internal updates: the save point leaves its request (``saves``; ``spare``), a save
-        served in place gives the request its old running slot back, the slot returns to
+        served in place gives the request its old running slot back, a turn-end slot
+        leaves its request (``rolling_slot``, ``rolling_boundary``), the slot returns to
         the arena, and a :class:`WithdrawnSave` is queued for the engine.
         """
         if not spares_only and self.optional:
@@ -119,6 +140,14 @@ class PendingSaves:
                 continue
             del grants[i]
             self._undo(*g)
+            return True
+        if spares_only:
+            return False
+        for req in self._settled_turn_ends():
+            b, s = req.rolling_boundary, req.rolling_slot
+            req.rolling_slot = req.rolling_boundary = -1
+            self.arena.free_slot(s)
+            self.withdrawn.append(WithdrawnSave(req.id, b, s, False, True))
             return True
         return False
 

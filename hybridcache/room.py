@@ -73,8 +73,6 @@ class Room:
             # pinned whether or not it is already).
             index, arena = self.index, self.arena
             ev = index.snapshots - index.pinned_snapshots - (restore is not None)
-            if index.pending_saves is not None:
-                ev += index.pending_saves.count()
             kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
             if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
                 return True
@@ -94,7 +92,25 @@ def fits(
     once ``holds`` are held, ``restore``'s snapshot is pinned and the evictable
     sliding-window pages ``slide_hold`` (a first allocation's hit window) are held (module
     docstring). Unheld sliding-window pages count as evictable pages (eviction takes them
-    last), and a slab is unpinned only if its sliding pages are unheld too. Changes nothing."""
+    last), and a slab is unpinned only if its sliding pages are unheld too. Changes nothing.
+
+    The slots a batching engine's step may take back (:mod:`hybridcache.pending_saves`)
+    are counted only when the answer is no without them: counting them walks the live
+    requests."""
+    if _fits(index, page_units, slots, holds, restore, slide_hold, ()):
+        return True
+    pend = index.pending_saves
+    if pend is None:
+        return False
+    back = pend.slots()
+    return bool(back) and _fits(index, page_units, slots, holds, restore, slide_hold, back)
+
+
+def _fits(
+    index: PrefixIndex, page_units: int, slots: int, holds: Sequence[Hold], restore: UnitHandle | None,
+    slide_hold: Sequence[int], back: Sequence[int],
+) -> bool:
+    """:func:`fits` with the slots ``back`` counted as evictable snapshots."""
     arena = index.arena
     lay = arena.layout
     sliding = index.sliding
@@ -106,8 +122,7 @@ def fits(
     ev_snaps = index.snapshots - index.pinned_snapshots
     if restore is not None and restore.snap >= 0 and restore.snap_ref == 0:
         ev_snaps -= 1
-    if index.pending_saves is not None:  # the step's save points it may take back
-        ev_snaps += index.pending_saves.count()
+    ev_snaps += len(back)
     if spb <= 1:
         # One slot per block: a quick yes from free entries, free blocks and evictable
         # snapshots alone (the usual answer once the cache is full), before KV is counted.
@@ -127,7 +142,7 @@ def fits(
             return False
         if pages <= ev_pages + free_blocks - slots:
             return True
-        return pages <= ev_pages + free_blocks + _evictable_state_blocks(index) - slots
+        return pages <= ev_pages + free_blocks + _evictable_state_blocks(index, back) - slots
     if slots:
         supply = free_blocks + ev_snaps
         if slots > supply:
@@ -161,17 +176,17 @@ def _unpinned_slabs(index: PrefixIndex, holds: Sequence[Hold], slide_hold: Seque
     )
 
 
-def _evictable_state_blocks(index: PrefixIndex) -> int:
-    """State blocks whose every used slot holds an evictable snapshot or a pending save
-    point (several slots per block): evicting them empties the block for pages."""
+def _evictable_state_blocks(index: PrefixIndex, back: Sequence[int]) -> int:
+    """State blocks whose every used slot holds an evictable snapshot or is one of ``back``
+    (slots a step may take back; several slots per block): evicting them empties the block
+    for pages."""
     arena = index.arena
     spb = arena.layout.slots_per_block
     evictable = [0] * arena.layout.num_blocks
     for node in index.handles.values():
         if node.snap >= 0 and node.snap_ref == 0:
             evictable[node.snap // spb] += 1
-    if index.pending_saves is not None:
-        for s in index.pending_saves.slots():
-            evictable[s // spb] += 1
+    for s in back:
+        evictable[s // spb] += 1
     used = arena.used_per_block
     return sum(1 for b, n in enumerate(evictable) if n and n == used[b])

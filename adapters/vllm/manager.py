@@ -94,9 +94,10 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
 
     #: vLLM's scheduler allocates the whole batch before the worker runs it, and every
     #: save point here is served in place at a step end (:meth:`_run_save`): a later
-    #: request of the step may take an earlier one's back rather than evict or be refused
-    #: (:meth:`_drop_withdrawn`). Subclasses whose saves outlive the allocation (the
-    #: speculative path's columns, a connector load's end save) keep it off.
+    #: request of the step may take an earlier one's back, or a running request's settled
+    #: turn-end slot, rather than evict or be refused (:meth:`_drop_withdrawn`).
+    #: Subclasses whose saves outlive the allocation (the speculative path's columns, a
+    #: connector load's end save) keep it off.
     withdraws_saves = True
 
     def __init__(
@@ -365,17 +366,19 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
         return self._take_new_blocks(tr)
 
     def _drop_withdrawn(self) -> None:
-        """Forget the snapshots of save points a later allocation of this step took back
-        (:mod:`hybridcache.pending_saves`): each was served in place at a step end
+        """Forget what a later allocation of this step took back
+        (:mod:`hybridcache.pending_saves`). A save point was served in place at a step end
         (:meth:`_run_save`), so the core gave its request the old running slot back, the
-        slot the request's column already holds; nothing of the step's blocks changes.
-        Requests waiting for such a snapshot (:meth:`_pending_deeper`) would wait for
-        nothing: its digest leaves the pending set."""
+        slot the request's column already holds: nothing of the step's blocks changes, and
+        requests waiting for its snapshot (:meth:`_pending_deeper`) would wait for nothing,
+        so its digest leaves the pending set. A settled turn-end slot was written at least
+        two steps ago: its column's copy has run, no table of this step reads it.
+        """
         for w in self.port.take_withdrawn_saves():
             self.stats_counters.saves_withdrawn += 1
             tr = self._tracked.get(w.request_id)
             unit = w.boundary // self.block_size - 1
-            if tr is not None and 0 <= unit < len(tr.view.digests):
+            if tr is not None and not w.turn_end and 0 <= unit < len(tr.view.digests):
                 self._pending_snaps.discard(tr.view.digests[unit])
 
     def _deferred(self, rid: str) -> bool:

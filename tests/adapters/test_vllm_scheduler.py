@@ -265,11 +265,12 @@ def decoding_sessions(seed: int) -> dict[str, list[h.Turn]]:
 def test_a_later_request_of_the_step_takes_save_points_back(model_dir, seed, monkeypatch):
     """vLLM allocates the whole batch before the worker runs it: in a 30-block pool a
     request's save slot (a spare or an interval checkpoint, served in place at its step
-    end) is taken back when a later request of the same step would otherwise evict or be
-    preempted (hybridcache.pending_saves). The core gives the request its old running slot
-    back; the simulated worker checks every state of every step, so a slot handed to two
-    requests, or a column left on the wrong block, fails here. Outputs equal vLLM's own
-    manager's and the run without withdrawal."""
+    end), or a running request's settled turn-end slot, is taken back when a later request
+    of the same step would otherwise evict or be preempted (hybridcache.pending_saves). A
+    save taken back gives its request the old running slot back; the simulated worker
+    checks every state of every step, so a slot handed to two requests, or a column left
+    on the wrong block, fails here. Outputs equal vLLM's own manager's and the run without
+    withdrawal, with fewer preemptions (measured: 34 -> 30 and 35 -> 27)."""
     from hybridcache.adapters.vllm.manager import HybridKVCacheManager
 
     adm = {"hybridcache": {"admission": f"{DEFAULT_ADMISSION}+interval:192+spare-interval:64"}}
@@ -286,3 +287,4 @@ def test_a_later_request_of_the_step_takes_save_points_back(model_dir, seed, mon
         taken = mgr.stats_counters.saves_withdrawn
         assert (taken > 0) if allow else (taken == 0), taken
     assert runs[True].outputs == runs[False].outputs == res_n.outputs
+    assert runs[True].preemptions < runs[False].preemptions
