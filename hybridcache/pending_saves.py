@@ -14,11 +14,11 @@ What a withdrawal takes back, and in which order (:meth:`PendingSaves.withdraw`)
 
 - **spare checkpoints first**, before any cached entry is evicted: once registered they
   rank first to evict anyway (:mod:`hybridcache.admission`);
-- **other save points last**, only when nothing else is evictable, and never for another
-  save point (an optional save taking an optional save's room gains nothing): a state
-  that is merely worth keeping never costs a running request its place;
-- the latest grant first (the request scheduled last in the step);
-- **then a running request's turn-end slot** (its rolling slot, registered when it
+- **other save points** only when nothing else is evictable, and never for another save
+  point (an optional save taking an optional save's room gains nothing): a state that is
+  merely worth keeping never costs a running request its place;
+- among save points, the latest grant first (the request scheduled last in the step);
+- **then, last, a running request's turn-end slot** (its rolling slot, registered when it
   finishes so that the next turn resumes after the answer), once settled: written in a
   step before the request's current one (``0 < rolling_boundary < step_start``), so that
   nothing reads it before the request finishes, not even an engine that serves saves in
@@ -49,7 +49,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 class WithdrawnSave(NamedTuple):
-    """A save point taken back before its step ran: the engine must not write ``slot``.
+    """A save point taken back before its step ran, or a running request's settled
+    turn-end slot: the engine must not write ``slot`` for the request any more.
 
     Attributes:
         request_id: the request whose step held it.
@@ -69,7 +70,8 @@ class WithdrawnSave(NamedTuple):
 
 
 class PendingSaves:
-    """The save points of the step being allocated (module docstring).
+    """The save points of the step being allocated, and the live requests' settled
+    turn-end slots: what a later allocation of the step may take back (module docstring).
 
     Args:
         requests: the manager's live requests (a grant is pending while its request is
