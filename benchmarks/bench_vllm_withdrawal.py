@@ -2,12 +2,14 @@
 
     python benchmarks/bench_vllm_withdrawal.py [--blocks 30,60,120] [--seeds 1,2,3,4]
                                                [--admission adaptive,default]
+                                               [--workload decode|chat-docs]
 
 vLLM allocates the whole batch before the worker runs it, so every save slot of the batch
 is held at once (hybridcache.pending_saves). This runs the scheduler-level harness of
 ``tests/adapters`` (a hand-built tiny Qwen3-Next cache layout, a simulated worker that
 checks every block, no model forward) over 8 sessions of 3 turns with 100-300-token
-answers, in pools of ``--blocks`` blocks, and prints per pool the preemptions, the cached
+answers (``decode``; ``chat-docs``: the scheduler tests' 4 chats of 4 turns on a shared
+system prompt and 3 questions on one document, short answers), in pools of ``--blocks`` blocks, and prints per pool the preemptions, the cached
 tokens found, the tokens computed (prefill and decode, a preempted request's recomputation
 included: the work the cache did not save) and the scheduler steps, summed over ``--seeds``:
 
@@ -37,7 +39,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "adapters
 import vllm_sched_harness as h  # noqa: E402
 
 
-def sessions(seed: int) -> dict[str, list[h.Turn]]:
+def sessions(seed: int, workload: str = "decode") -> dict[str, list[h.Turn]]:
+    if workload == "chat-docs":
+        return h.chats_and_document(seed, chats=4, turns=4, first=(40, 13), later=(30, 7),
+                                    answers=(20, 24), questions=3)
     rng = random.Random(seed)
     return {f"s{i}": [h.Turn(h.tokens(rng, rng.randint(60, 200)), rng.randint(100, 300))
                       for _ in range(3)] for i in range(8)}
@@ -48,6 +53,7 @@ def main() -> None:
     ap.add_argument("--blocks", default="30,60,120")
     ap.add_argument("--seeds", default="1,2,3,4")
     ap.add_argument("--admission", default="adaptive,default")
+    ap.add_argument("--workload", choices=("decode", "chat-docs"), default="decode")
     args = ap.parse_args()
     from vllm.v1.core.sched.scheduler import Scheduler
 
@@ -86,7 +92,7 @@ def main() -> None:
                     return out
 
                 sched.schedule = counted
-                res = h.drive(sched, sessions(seed))
+                res = h.drive(sched, sessions(seed, args.workload))
                 outs.update({f"{seed}:{rid}": out for rid, out in res.outputs.items()})
                 tot[0] += res.preemptions
                 tot[1] += sum(res.hits.values())
