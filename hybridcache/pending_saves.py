@@ -41,6 +41,7 @@ frees the fresh slot, which the engine would only have used from the next step o
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -84,26 +85,27 @@ class PendingSaves:
     def __init__(self, requests: dict[str, Request], arena: Arena) -> None:
         self.requests = requests
         self.arena = arena
-        #: ``(request, boundary, slot, spare)`` in grant order; entries whose save was
-        #: written, cancelled or freed since are dropped lazily (:meth:`_pending`).
-        self.grants: list[tuple[Request, int, int, bool]] = []
+        #: ``(request, boundary, slot)`` in grant order (a spare's boundary is in its
+        #: request's ``spare`` list); entries whose save was written, cancelled or freed
+        #: since are dropped lazily (:meth:`_pending`).
+        self.grants: list[tuple[Request, int, int]] = []
         #: Withdrawn since the engine last took them (:meth:`take_withdrawn`).
         self.withdrawn: list[WithdrawnSave] = []
         #: True while the manager schedules save points: they may take spares back but
         #: never another save point (module docstring).
         self.optional = False
 
-    def note(self, req: Request, boundary: int, slot: int, spare: bool) -> None:
+    def note(self, req: Request, boundary: int, slot: int) -> None:
         """Record a save point just handed out (``req.saves[boundary] == slot``)."""
         grants = self.grants
-        grants.append((req, boundary, slot, spare))
+        grants.append((req, boundary, slot))
         if len(grants) > 64 + 4 * len(self.requests):  # keep the list at O(step) size
             self.grants = [g for g in grants if self._pending(g)]
 
-    def _pending(self, grant: tuple[Request, int, int, bool]) -> bool:
+    def _pending(self, grant: tuple[Request, int, int]) -> bool:
         """Whether a grant still holds its slot unwritten: its request is live and the save
         point holds the slot, or (served in place) the request computes in it."""
-        req, b, s, _ = grant
+        req, b, s = grant
         held = req.saves.get(b)
         return held is not None and (held == s or req.slot == s) and self.requests.get(req.id) is req
 
@@ -138,7 +140,7 @@ class PendingSaves:
             if not self._pending(g):
                 del grants[i]
                 continue
-            if spares_only and not g[3]:
+            if spares_only and not _is_spare(g[0], g[1]):
                 continue
             del grants[i]
             self._undo(*g)
@@ -153,12 +155,12 @@ class PendingSaves:
             return True
         return False
 
-    def _undo(self, req: Request, b: int, s: int, spare: bool) -> None:
+    def _undo(self, req: Request, b: int, s: int) -> None:
         in_place = req.saves[b] != s
         if in_place:  # save_in_running_slot swapped them: swap back
             req.slot = req.saves[b]
         del req.saves[b]
-        if spare:
+        if _is_spare(req, b):
             req.spare.remove(b)
         self.arena.free_slot(s)
         self.withdrawn.append(WithdrawnSave(req.id, b, s, in_place))
@@ -167,3 +169,11 @@ class PendingSaves:
         """The save points withdrawn since the last call, oldest first."""
         out, self.withdrawn = self.withdrawn, []
         return out
+
+
+def _is_spare(req: Request, boundary: int) -> bool:
+    """Whether the request's save point at ``boundary`` is a spare checkpoint (its
+    ``spare`` list, kept sorted, marks them)."""
+    spares = req.spare
+    i = bisect_left(spares, boundary)
+    return i < len(spares) and spares[i] == boundary

@@ -521,7 +521,7 @@ class EnginePort:
 
 #: Port calls that are the manager's call unchanged (bound per instance, see __init__).
 _PASS_THROUGH = ("add_request", "match", "allocate", "append_tokens", "commit", "free",
-                 "save_in_running_slot", "cancel_save")
+                 "save_in_running_slot", "cancel_save", "take_withdrawn_saves")
 
 
 class _Unallocated(NamedTuple):

@@ -78,7 +78,7 @@ class SavePointControl:
                     continue
                 req.saves[b] = s
                 if pend is not None:
-                    pend.note(req, b, s, False)
+                    pend.note(req, b, s)
                 out.append(SavePoint(b, s))
         finally:
             if pend is not None:
@@ -121,7 +121,7 @@ class SavePointControl:
             if i == len(req.spare) or req.spare[i] != b:
                 req.spare.insert(i, b)
             if pend is not None:
-                pend.note(req, b, s, True)
+                pend.note(req, b, s)
             out.append(SavePoint(b, s))
         return out
 

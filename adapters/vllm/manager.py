@@ -492,7 +492,6 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
     # ------------------------------------------------------------------ steps
     def new_step_starts(self) -> None:
         """Commit what the previous step computed, so this step's lookups can hit it."""
-        self._drop_withdrawn()  # (only allocations take back today; never let the list grow)
         if self.tails is not None:
             self.tails.new_step()  # before the commits below queue this step's copies
         for tr in self._tracked.values():

@@ -24,6 +24,7 @@ from hybridcache.port import EnginePort
 from hybridcache.presets import get_preset
 
 from .conftest import tiny_spec
+from .state_fingerprint import fingerprint
 
 UNIT = 16
 KIMI = get_preset("kimi-linear-48b")
@@ -41,11 +42,6 @@ def _manager(blocks: int, admission: str, allow: bool = True) -> HybridCacheMana
     return m
 
 
-def _state(m: HybridCacheManager) -> tuple:
-    return (sorted(m.arena._free_blocks), {r: dict(q.saves) for r, q in m.requests.items()},
-            m.index.snapshots, dict(m.index.evictions))
-
-
 SPARES = "last-token+spare-interval:352"
 
 
@@ -61,10 +57,10 @@ def test_a_later_request_takes_an_earlier_ones_spares_back():
         spares = sorted(sp.boundary for sp in a.save_points if sp.boundary != 4992)
         assert len(spares) == 9 and not m.arena._free_blocks
         if not allow:
-            before = _state(m)
+            before = fingerprint(m)
             with pytest.raises(OutOfSpaceError):
                 m.allocate("b", 101)
-            assert _state(m) == before and m.take_withdrawn_saves() == []
+            assert fingerprint(m) == before and m.take_withdrawn_saves() == []
             continue
         b = m.allocate("b", 101)
         taken = m.take_withdrawn_saves()
@@ -89,10 +85,10 @@ def test_a_refused_allocation_takes_nothing_back():
     # Ten page blocks and a slot: A's ten pending saves and no free block are one short.
     m.add_request("big", _tokens(10**6, 10 * 337 * UNIT))
     m.allocate("a", 5000)
-    before = _state(m)
+    before = fingerprint(m)
     with pytest.raises(OutOfSpaceError):
         m.allocate("big", 10 * 337 * UNIT)
-    assert _state(m) == before and m.take_withdrawn_saves() == []
+    assert fingerprint(m) == before and m.take_withdrawn_saves() == []
     m.check_invariants()
 
 
@@ -224,10 +220,10 @@ def test_a_turn_end_slot_is_kept_until_settled(decode_steps):
     in (128 == step_start: an engine that serves saves in place copies the state out of
     that block during this step): not taken, and B is refused with nothing changed."""
     m, a = _decoding(decode_steps)
-    before = _state(m), a.rolling_slot
+    before = fingerprint(m)
     with pytest.raises(OutOfSpaceError):
         m.allocate("b", 50)
-    assert (_state(m), a.rolling_slot) == before and m.take_withdrawn_saves() == []
+    assert fingerprint(m) == before and m.take_withdrawn_saves() == []
 
 
 def test_a_save_point_never_takes_a_turn_end_slot():
@@ -250,12 +246,6 @@ def test_a_save_point_never_takes_a_turn_end_slot():
 #: ``(request, prompt size)`` arrivals of a step; size 0 preempts the request (frees it,
 #: unfinished), which leaves free room the next requests' spares take.
 STEP = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 120)), min_size=1, max_size=6)
-
-
-def _state_counts(m: HybridCacheManager) -> tuple:
-    pend = m.index.pending_saves
-    return (sorted(m.arena._free_blocks), m.arena.slots_in_use, m.arena.pages_in_use,
-            m.index.snapshots, dict(m.index.evictions), len(pend.withdrawn) if pend else 0)
 
 
 @settings(max_examples=300, deadline=None, derandomize=True,
@@ -283,8 +273,7 @@ def test_batched_steps_take_settled_turn_end_slots():
     taken = collections.Counter()
     for seed in range(400):
         r = random.Random(seed)
-        steps = [[(r.randint(0, 5), r.choice([0] + [r.randint(1, 120)] * 6)) for _ in range(r.randint(1, 6))]
-                 for _ in range(r.randint(8, 24))]
+        steps = _random_steps(r)
         taken += _batched_steps(steps, "turn-end", r.random() < 0.5, r.randint(5, 12))
     assert taken["turn_end"] >= 20, taken  # measured: 39
 
@@ -297,10 +286,16 @@ def test_batched_steps_without_withdrawal_count_what_they_take():
     entries gone (6 of these 300 streams)."""
     for seed in range(300):
         r = random.Random(seed)
-        steps = [[(r.randint(0, 5), r.choice([0] + [r.randint(1, 120)] * 6)) for _ in range(r.randint(1, 6))]
-                 for _ in range(r.randint(8, 24))]
+        steps = _random_steps(r)
         adm = r.choice(["turn-end", "last-token+turn-end+interval:48", "interval:32", "last-token"])
         assert not _batched_steps(steps, adm, r.random() < 0.5, r.randint(5, 12), withdraw=False)
+
+
+def _random_steps(r: random.Random) -> list[list[tuple[int, int]]]:
+    """8-24 steps of :data:`STEP`'s shape: 1-6 arrivals (prompt sizes 1-120) or
+    preemptions (one in seven) each."""
+    return [[(r.randint(0, 5), r.choice([0] + [r.randint(1, 120)] * 6)) for _ in range(r.randint(1, 6))]
+            for _ in range(r.randint(8, 24))]
 
 
 def _batched_steps(steps: list, admission: str, big_state: bool, blocks: int,
@@ -330,11 +325,11 @@ def _batched_steps(steps: list, admission: str, big_state: bool, blocks: int,
             todo = min(left[0], int(rng.integers(1, 6 * UNIT))) if left[0] else 1
             if not left[0] and req.num_tokens == req.num_allocated:
                 m.append_tokens(rid, [todo % 4])
-            before = _state_counts(m)
+            before = fingerprint(m), len(m.index.pending_saves.withdrawn) if withdraw else 0
             try:
                 a = m.allocate(rid, todo)
             except OutOfSpaceError:
-                assert _state_counts(m) == before
+                assert (fingerprint(m), len(m.index.pending_saves.withdrawn) if withdraw else 0) == before
                 continue
             left[0 if left[0] else 1] -= todo
             handed[rid] = {sp.boundary for sp in a.save_points if sp.slot != req.rolling_slot}
