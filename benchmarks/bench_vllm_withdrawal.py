@@ -1,4 +1,4 @@
-"""Preemptions in vLLM's real scheduler when a step's save points can be taken back.
+"""Preemptions in vLLM's real scheduler: save points taken back within a step, and the admission gate.
 
     python benchmarks/bench_vllm_withdrawal.py [--blocks 30,60,120] [--seeds 1,2,3,4]
                                                [--admission adaptive,default]
@@ -17,7 +17,9 @@ included: the work the cache did not save) and the scheduler steps, summed over 
   (``prefix_match_unit`` 16, ``prefix_cache_retention_interval`` None);
 - ours with each ``--admission`` (``default`` is the library's default rules; ``adaptive``
   the self-tuning policy), with save points taken back within a step (``withdraw``) and
-  without (``keep``: the adapter's ``withdraws_saves`` switched off in this process only).
+  without (``keep``: the adapter's ``withdraws_saves`` switched off in this process only),
+  each with the adapter's admission gate counting the pages running prefills still owe
+  (``reserves_prefills``, the default) and with vLLM's plain gate (``vLLM gate``).
 
 Outputs must be identical across all runs (the script asserts it). Counts, not time: no
 rounds to alternate.
@@ -63,23 +65,26 @@ def main() -> None:
     model_dir = h.write_config_dir(Path(tempfile.mkdtemp()) / "model")
     seeds = [int(s) for s in args.seeds.split(",")]
     names = {"default": h.DEFAULT_ADMISSION, "adaptive": "adaptive"}
-    print(f"{'blocks':>6} {'setting':<28} {'preempted':>9} {'cached':>7} {'computed':>8} {'steps':>6} "
+    print(f"{'blocks':>6} {'setting':<34} {'preempted':>9} {'cached':>7} {'computed':>8} {'steps':>6} "
           f"{'taken back':>10}")
     for blocks in (int(b) for b in args.blocks.split(",")):
         runs: list[tuple[str, dict]] = [
             ("vllm default", {}), ("vllm unit 16, retention None", {"prefix_match_unit": 16, "retention": None})]
         for adm in args.admission.split(","):
-            for allow in (True, False):
-                runs.append((f"{adm} {'withdraw' if allow else 'keep'}",
+            for allow, reserve in ((True, True), (False, True), (True, False), (False, False)):
+                label = f"{'withdraw' if allow else 'keep'}{'' if reserve else ', vLLM gate'}"
+                runs.append((f"{adm} {label}",
                              {"additional_config": {"hybridcache": {"admission": names.get(adm, adm)}},
-                              "allow": allow}))
+                              "allow": allow, "reserve": reserve}))
         outputs = None
         for name, kw in runs:
             kw = dict(kw)
             allow = kw.pop("allow", None)
+            reserve = kw.pop("reserve", None)
             cls = Scheduler if allow is None else HybridCacheScheduler
             if allow is not None:
                 HybridKVCacheManager.withdraws_saves = allow
+                HybridKVCacheManager.reserves_prefills = reserve
             tot = [0, 0, 0, 0, 0]
             outs = {}
             for seed in seeds:
@@ -102,9 +107,10 @@ def main() -> None:
                     sched.kv_cache_manager.port.check_invariants()
             assert outputs is None or outs == outputs, f"{name}: outputs differ"
             outputs = outs
-            print(f"{blocks:>6} {name:<28} {tot[0]:>9} {tot[1]:>7} {tot[4]:>8} {tot[2]:>6} {tot[3]:>10}",
+            print(f"{blocks:>6} {name:<34} {tot[0]:>9} {tot[1]:>7} {tot[4]:>8} {tot[2]:>6} {tot[3]:>10}",
                   flush=True)
     HybridKVCacheManager.withdraws_saves = True
+    HybridKVCacheManager.reserves_prefills = True
 
 
 if __name__ == "__main__":

@@ -99,6 +99,10 @@ class HybridKVCacheManager(PrefixLookups, BlockQueries, SubBlockHits):
     #: Subclasses whose saves outlive the allocation (the speculative path's columns, a
     #: connector load's end save) keep it off.
     withdraws_saves = True
+    #: vLLM's admission gate (``full_sequence_must_fit``) also counts the pages running
+    #: requests' prefills still owe (:meth:`_owed_prefill_blocks`): admitting into that
+    #: room only preempts one of them a few steps later. ``False``: vLLM's own gate.
+    reserves_prefills = True
 
     def __init__(
         self,

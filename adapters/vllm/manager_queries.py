@@ -29,17 +29,50 @@ class BlockQueries:
     stats_counters: Any
     tails: Any
     empty_kv_cache_blocks: KVCacheBlocks
+    reserves_prefills: bool
 
     def _fits(self, request: Request, hit: int) -> bool:
-        """Whether the whole sequence could be held next to what live requests hold.
+        """Whether the whole sequence could be held next to what live requests hold and
+        the pages their prefills still owe (vLLM's ``full_sequence_must_fit`` gate).
 
         Cached entries nobody holds are evictable, so only live requests' pages and slots
         count against the pool; the new request needs pages for its unmatched units and a
-        running slot plus one save slot.
+        running slot plus one save slot. With :attr:`reserves_prefills`, the pages that
+        running requests' prefills have not been given yet count too
+        (:meth:`_owed_prefill_blocks`).
         """
         units = -(-min(request.num_tokens, self.port.spec.max_model_len) // self.block_size)
         need = len(self.attn_ids) * (units - hit // self.block_size) + 2 * self.slot_blocks
-        return self._held_blocks() + need <= self.num_blocks - 1
+        held = self._held_blocks()
+        if self.reserves_prefills:
+            held += self._owed_prefill_blocks()
+        return held + need <= self.num_blocks - 1
+
+    def _owed_prefill_blocks(self) -> int:
+        """Pages that running requests' prefills will still take, beyond this step's chunk.
+
+        Why: vLLM's gate admits a waiting request if its whole sequence fits in what is
+        free now, yet a running request whose prefill is cut into chunks (here at every
+        save point: a checkpoint interval cuts a long prompt into many) takes its next
+        chunk's pages in a later step. A request admitted into that room makes the next
+        chunk's allocation fail, and vLLM then preempts a running request, whose computed
+        tokens are lost. vLLM reserves these blocks itself, but only for an async
+        connector load (``Scheduler._inflight_prefill_reserved_blocks``); this reserves
+        them for every admission. Decode growth is not reserved (its length is unknown),
+        as in vLLM. Measured in ``benchmarks/bench_vllm_withdrawal.py``.
+        """
+        if not self.attn_ids:
+            return 0
+        first, max_len = self.attn_ids[0], self.port.spec.max_model_len
+        owed = 0
+        for tr in self._tracked.values():
+            # Every token the request has (a resumed request replays its outputs); a
+            # decoding request scheduled this step already has its page.
+            units = -(-min(tr.request.num_tokens, max_len) // self.block_size)
+            have = len(tr.tables[first])
+            if units > have:
+                owed += units - have
+        return owed * len(self.attn_ids)
 
     def _held_blocks(self) -> int:
         ids: set[int] = set()
