@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import random
 import sys
 import tempfile
 from pathlib import Path
@@ -45,9 +44,7 @@ def sessions(seed: int, workload: str = "decode") -> dict[str, list[h.Turn]]:
     if workload == "chat-docs":
         return h.chats_and_document(seed, chats=4, turns=4, first=(40, 13), later=(30, 7),
                                     answers=(20, 24), questions=3)
-    rng = random.Random(seed)
-    return {f"s{i}": [h.Turn(h.tokens(rng, rng.randint(60, 200)), rng.randint(100, 300))
-                      for _ in range(3)] for i in range(8)}
+    return h.decoding_sessions(seed)
 
 
 def main() -> None:
@@ -89,15 +86,9 @@ def main() -> None:
             outs = {}
             for seed in seeds:
                 sched = h.make_scheduler(model_dir, cls, num_blocks=blocks, **kw)
-                schedule = sched.schedule
-
-                def counted(schedule=schedule, tot=tot):  # noqa: ANN202 - the scheduler's own
-                    out = schedule()
-                    tot[4] += out.total_num_scheduled_tokens
-                    return out
-
-                sched.schedule = counted
+                steps = h.record_steps(sched)
                 res = h.drive(sched, sessions(seed, args.workload))
+                tot[4] += sum(n for _, n in steps)
                 outs.update({f"{seed}:{rid}": out for rid, out in res.outputs.items()})
                 tot[0] += res.preemptions
                 tot[1] += sum(res.hits.values())

@@ -30,20 +30,6 @@ pytestmark = pytest.mark.vllm
 INTERVAL = {"hybridcache": {"admission": f"{DEFAULT_ADMISSION}+interval:192"}}
 
 
-def _drive_recording(sched, sessions) -> tuple[h.DriveResult, list[set[str]]]:
-    """Drive ``sessions`` and record the request ids scheduled in each step."""
-    steps: list[set[str]] = []
-    schedule = sched.schedule
-
-    def recorded():  # noqa: ANN202 - the scheduler's own
-        out = schedule()
-        steps.append(set(out.num_scheduled_tokens))
-        return out
-
-    sched.schedule = recorded
-    return h.drive(sched, sessions), steps
-
-
 @pytest.mark.parametrize("reserve", [True, False])
 def test_a_request_waits_for_the_pages_a_running_prefill_still_owes(model_dir, monkeypatch, reserve):
     """Request ``a`` (640 tokens, cut at 192, 384, 576) starts first; ``b`` (400 tokens)
@@ -57,7 +43,9 @@ def test_a_request_waits_for_the_pages_a_running_prefill_still_owes(model_dir, m
     native = h.make_scheduler(model_dir, Scheduler, num_blocks=20)
     res_n = h.drive(native, sessions)
     ours = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=20, additional_config=INTERVAL)
-    res, steps = _drive_recording(ours, sessions)
+    recorded = h.record_steps(ours)
+    res = h.drive(ours, sessions)
+    steps = [ids for ids, _ in recorded]
     assert res.outputs == res_n.outputs
     mgr = ours.kv_cache_manager
     assert mgr.num_tracked == 0 and not mgr.manager.requests
@@ -71,13 +59,6 @@ def test_a_request_waits_for_the_pages_a_running_prefill_still_owes(model_dir, m
         assert first_b == 0 and res.preemptions > 0
 
 
-def decoding_sessions(seed: int) -> dict[str, list[h.Turn]]:
-    """8 sessions of 3 turns, 60-200 new tokens a turn, 100-300-token answers."""
-    rng = random.Random(seed)
-    return {f"s{i}": [h.Turn(h.tokens(rng, rng.randint(60, 200)), rng.randint(100, 300))
-                      for _ in range(3)] for i in range(8)}
-
-
 @pytest.mark.parametrize("seed", [1, 2])
 def test_the_reserve_cuts_preemptions_in_a_tight_pool(model_dir, monkeypatch, seed):
     """Interval checkpoints cut every prompt into chunks: in a 30-block pool vLLM's plain
@@ -85,22 +66,14 @@ def test_the_reserve_cuts_preemptions_in_a_tight_pool(model_dir, monkeypatch, se
     (measured: 30 -> 9 and 23 -> 8 preemptions with the reserve). Outputs equal
     vLLM's own manager's; fewer tokens are computed again."""
     native = h.make_scheduler(model_dir, Scheduler, num_blocks=30)
-    res_n = h.drive(native, decoding_sessions(seed))
+    res_n = h.drive(native, h.decoding_sessions(seed))
     runs, computed = {}, {}
     for reserve in (True, False):
         monkeypatch.setattr(HybridKVCacheManager, "reserves_prefills", reserve)
         ours = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=30, additional_config=INTERVAL)
-        total = [0]
-        schedule = ours.schedule
-
-        def counted(schedule=schedule, total=total):  # noqa: ANN202 - the scheduler's own
-            out = schedule()
-            total[0] += out.total_num_scheduled_tokens
-            return out
-
-        ours.schedule = counted
-        runs[reserve] = h.drive(ours, decoding_sessions(seed))
-        computed[reserve] = total[0]
+        steps = h.record_steps(ours)
+        runs[reserve] = h.drive(ours, h.decoding_sessions(seed))
+        computed[reserve] = sum(n for _, n in steps)
         ours.kv_cache_manager.port.check_invariants()
     assert runs[True].outputs == runs[False].outputs == res_n.outputs
     assert runs[True].preemptions < runs[False].preemptions

@@ -253,14 +253,6 @@ def test_a_page_outside_a_window_is_vllms_null_block(model_dir):
     assert got[1] is km.null_block and km.null_block.is_null
 
 
-def decoding_sessions(seed: int) -> dict[str, list[h.Turn]]:
-    """8 sessions of 3 turns with long answers: many requests decode at once, so a step
-    ends on block boundaries for several of them together."""
-    rng = random.Random(seed)
-    return {f"s{i}": [h.Turn(h.tokens(rng, rng.randint(60, 200)), rng.randint(100, 300))
-                      for _ in range(3)] for i in range(8)}
-
-
 @pytest.mark.parametrize("seed", [1, 3])
 def test_a_later_request_of_the_step_takes_save_points_back(model_dir, seed, monkeypatch):
     """vLLM allocates the whole batch before the worker runs it: in a 30-block pool a
@@ -276,12 +268,12 @@ def test_a_later_request_of_the_step_takes_save_points_back(model_dir, seed, mon
 
     adm = {"hybridcache": {"admission": f"{DEFAULT_ADMISSION}+interval:192+spare-interval:64"}}
     native = h.make_scheduler(model_dir, Scheduler, num_blocks=30)
-    res_n = h.drive(native, decoding_sessions(seed))
+    res_n = h.drive(native, h.decoding_sessions(seed))
     runs = {}
     for allow in (True, False):
         monkeypatch.setattr(HybridKVCacheManager, "withdraws_saves", allow)
         ours = h.make_scheduler(model_dir, HybridCacheScheduler, num_blocks=30, additional_config=adm)
-        runs[allow] = h.drive(ours, decoding_sessions(seed))
+        runs[allow] = h.drive(ours, h.decoding_sessions(seed))
         mgr = ours.kv_cache_manager
         assert mgr.num_tracked == 0 and not mgr.manager.requests
         mgr.port.check_invariants()

@@ -308,6 +308,30 @@ def tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(2, 500) for _ in range(n)]
 
 
+def decoding_sessions(seed: int) -> dict[str, list[Turn]]:
+    """8 sessions of 3 turns, 60-200 new tokens a turn and 100-300-token answers: many
+    requests decode at once, so a step ends on block boundaries for several of them
+    together, and a tight pool preempts."""
+    rng = random.Random(seed)
+    return {f"s{i}": [Turn(tokens(rng, rng.randint(60, 200)), rng.randint(100, 300))
+                      for _ in range(3)] for i in range(8)}
+
+
+def record_steps(scheduler: Any) -> list[tuple[set[str], int]]:
+    """Record each step of ``scheduler`` from now on: the ids it scheduled and the tokens
+    (a preempted request's recomputation included). The list fills as the scheduler runs."""
+    steps: list[tuple[set[str], int]] = []
+    schedule = scheduler.schedule
+
+    def recorded() -> Any:
+        out = schedule()
+        steps.append((set(out.num_scheduled_tokens), out.total_num_scheduled_tokens))
+        return out
+
+    scheduler.schedule = recorded
+    return steps
+
+
 def chats_and_document(seed: int, *, chats: int, turns: int, first: tuple[int, int],
                        later: tuple[int, int], answers: tuple[int, int],
                        questions: int) -> dict[str, list[Turn]]:
