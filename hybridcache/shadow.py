@@ -8,10 +8,11 @@ Optimization using Miniature Simulations" (ATC'17), the shadow sees only the req
 whose *sampling key* hashes below a rate ``r`` and holds ``r`` times the live budget, so
 that its hit rate estimates the hit rate of the same setting at full size. The key is the
 *chain key* of the request (:class:`ChainKeys`): the digest of the first unit past the
-prefix its root (first unit) shares with other chains, so that every turn of a session,
-or every question of a document, shares the key and a sampled family is replayed whole,
-while the sessions behind one system prompt are sampled apart (the first unit alone would
-make them one family: all or nothing).
+prefix its root (first unit) shares with other chains, so that every turn of a session
+shares the key and a sampled family is replayed whole, while the sessions behind one
+system prompt are sampled apart (the first unit alone would make them one family: all or
+nothing); a root whose shared prefix is long (a document before its questions) is keyed
+whole, so that the shadows do not hold every document.
 
 A shadow is fed a finished request in one go (match, allocate, commit, free) with the
 live request's unit digests, so it needs no tokens and hashes nothing (not even the
@@ -52,23 +53,50 @@ class ChainKeys:
     chained (a digest names its whole prefix), so the first difference is found by binary
     search. The split only moves towards the root, a few times per root and early (once two
     families of the root are seen it is where they part), so a family keeps its key.
+
+    Keyed at its split, a root's shared prefix is held *unscaled*: a shadow holds all of it
+    as soon as one of its families is sampled, where its share is ``rate`` of it. For a
+    system prompt before many sessions that is a few units; for a document before its
+    questions (each question a family) it is the document, and a shadow sampling one
+    question in eight held every document (docs, 16 GiB: the sample's unique KV 1.56x the
+    shadows' capacity where the live cache's is 0.25x, so the shadows thrashed where the
+    live cache did not). So the split depths of the roots keyed at their split are summed,
+    and a root whose first split would take the sum past :attr:`budget` (units) is keyed
+    whole instead: all its chains share the root as key and are sampled together, as
+    SHARDS samples any key, at the price of an all-or-nothing draw (the adaptive manager's
+    family check raises the rate where the sample holds too few families). The choice is
+    made once, at the root's first split, so that a family keeps its key.
     """
 
-    def __init__(self) -> None:
-        # root -> [reference chain (up to the split), split depth (None: never split)]
+    def __init__(self, budget: float = math.inf) -> None:
+        # root -> [reference chain (up to the split), split depth (None: never split),
+        #          keyed whole]
         self._roots: dict[bytes, list] = {}
+        #: Units of shared prefixes the sample may hold unscaled (set by the adaptive
+        #: manager from its shadows' size and rate; infinite: every root keyed at its split).
+        self.budget = budget
+        #: The split depths of the roots keyed at their split, summed (<= budget when each
+        #: was decided).
+        self.held = 0
+        #: Roots keyed whole.
+        self.whole = 0
 
     def __len__(self) -> int:
         return len(self._roots)
 
     def key(self, digests: Sequence[bytes]) -> bytes:
-        """The chain's sampling key (its root's entry is updated with the chain)."""
+        """The chain's sampling key (its root's entry is updated with the chain).
+
+        Internal updates: the root's reference chain and split, and the first split's
+        choice between split and whole (counted in :attr:`held` or :attr:`whole`)."""
         root = digests[0]
         entry = self._roots.get(root)
         if entry is None:
-            self._roots[root] = [tuple(digests), None]
+            self._roots[root] = [tuple(digests), None, False]
             return root
-        ref, split = entry
+        ref, split, whole = entry
+        if whole:
+            return root
         m = min(len(ref), len(digests))
         if m > 1 and digests[m - 1] != ref[m - 1]:
             lo, hi = 0, m - 1  # digests[lo] == ref[lo], digests[hi] != ref[hi]
@@ -78,6 +106,11 @@ class ChainKeys:
                     lo = mid
                 else:
                     hi = mid
+            if split is None and self.held + hi > self.budget:
+                entry[0], entry[2] = (), True
+                self.whole += 1
+                return root
+            self.held += hi - (split or 0)
             split = hi
             entry[0], entry[1] = ref[:hi], hi
         elif split is None and len(digests) > len(ref):
