@@ -455,8 +455,10 @@ class AdaptiveManager(HybridCacheManager):
         current one's cache (what switching to it now would start from), every score and
         paired lead starts again from zero (the old workload's savings would outweigh the
         new one's for 16 shadow fills), and the shadows explore again outside the budget.
-        The caches themselves stay: they hold what the live cache holds."""
+        The caches themselves stay: they hold what the live cache holds. The chain keys'
+        budget of shared prefixes restarts: the old workload's leave the shadows with it."""
         self.shifts.append(self.finished)
+        self.keys.held = 0
         cur = self._shadow(self.current)
         for i in list(self._retired):
             self._reenter(i, cur)

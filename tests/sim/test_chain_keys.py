@@ -56,6 +56,17 @@ def test_the_budget_is_infinite_where_the_shadows_see_every_request():
     assert big.keys.budget == pytest.approx(units / adaptive.MIN_FAMILIES / (1.0 - big.rate))
 
 
+def test_a_change_of_workload_frees_the_budget():
+    """The old workload's shared prefixes leave the shadows with it: after a detected
+    change, new roots are keyed against the whole budget again (roots already keyed keep
+    their keys)."""
+    m = HybridCacheManager(get_preset("kimi-linear-48b"), 16 << 30,
+                           CacheConfig(hash_unit=16, admission="adaptive"))
+    m.keys.held = int(m.keys.budget)
+    m._after_shift()
+    assert m.keys.held == 0 and m.shifts == [0]
+
+
 def _footprint_shares(kind: str, n: int, gib: int, budget: bool) -> tuple[float, float, int]:
     """(the sample's unique KV over the shadows' capacity, all unique KV over the live
     capacity, roots keyed whole) for ``n`` generated requests, keyed as the manager keys
