@@ -236,9 +236,8 @@ class AdaptiveManager(HybridCacheManager):
             return
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
-        # Shared prefixes held unscaled may take one family's share of a shadow (its KV
-        # units over MIN_FAMILIES, the share the family check gives a family), over the
-        # part of them that is not the rate's share anyway (ChainKeys).
+        # Shared prefixes held unscaled may take one family's share of a shadow (ChainKeys),
+        # over the part of them that is not the rate's share anyway.
         self.keys.budget = (math.inf if self.rate >= 1.0
                             else cap / unit_bytes / MIN_FAMILIES / (1.0 - self.rate))
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
