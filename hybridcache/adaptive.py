@@ -39,9 +39,9 @@ instead of guessing:
   window decays by the KV bytes the requests' prompts would occupy, ``WINDOW_FILLS``
   shadow budgets' worth: long enough to see the cache turn over, short enough to follow a
   shift of the same sizes;
-- a change of workload that moves the requests' sizes (:mod:`hybridcache.shift`) makes it
-  forget what the old one taught: the retired candidates come back, scores and paired
-  leads start from zero, and the shadows explore again (:meth:`AdaptiveManager._after_shift`).
+- a change of workload that moves the requests' sizes, or a sustained fall of the live hits
+  (:mod:`hybridcache.shift`), makes it forget what it was taught: the retired candidates
+  come back, scores and leads start from zero, the shadows explore again (``_after_shift``).
 
 Select it with ``CacheConfig(admission="adaptive")``: :class:`HybridCacheManager` returns an
 :class:`AdaptiveManager` for that setting, so engines and the simulator get it by name.
@@ -68,7 +68,7 @@ from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.requests import Request
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
-from hybridcache.shift import ShiftDetector
+from hybridcache.shift import DropDetector, ShiftDetector
 from hybridcache.spec import ModelSpec
 
 ADAPTIVE = "adaptive"
@@ -216,10 +216,10 @@ class AdaptiveManager(HybridCacheManager):
         #: CPU seconds spent replaying requests into the shadows (``adaptive_stats``): what
         #: the shadows cost in time, apart from the live cache's own work.
         self.shadow_seconds = 0.0
-        #: Changes of workload detected (:mod:`hybridcache.shift`) and the finished-request
-        #: counts they were detected at.
-        self.shift_detector = ShiftDetector()
+        #: Finished counts at changes of sizes and at falls of live hits (hybridcache.shift).
+        self.shift_detector, self.drop_detector = ShiftDetector(), DropDetector()
         self.shifts: list[int] = []
+        self.drops: list[int] = []
         #: Tokens computed by the finished requests (their mean KV sets the rate's
         #: footprint floor, :meth:`_check_footprint`) and when it is checked next.
         self.computed_tokens = 0
@@ -236,8 +236,7 @@ class AdaptiveManager(HybridCacheManager):
             return
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
-        # Shared prefixes held unscaled may take one family's share of a shadow (ChainKeys),
-        # over the part of them that is not the rate's share anyway.
+        # Unscaled shared prefixes may take a family's share of a shadow (ChainKeys).
         self.keys.budget = (math.inf if self.rate >= 1.0
                             else cap / unit_bytes / MIN_FAMILIES / (1.0 - self.rate))
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
@@ -279,6 +278,8 @@ class AdaptiveManager(HybridCacheManager):
         """:meth:`free`'s release (the request is out of ``requests``), after a finished
         request is counted for the shadows (:meth:`_sample`), before its entries go."""
         if finished and req.counted and self.shadows:
+            if SHIFT_DETECTION and self.drop_detector.add(req.hit_tokens / max(1, req.prompt_len)):
+                self._after_shift(self.drops)  # the live cache saves less: explore again
             digests = req.hasher.digests
             computed, prompt_len = req.num_computed, req.prompt_len
             # A request freed before its prompt was computed (chunked prefill cut short) is
@@ -303,7 +304,7 @@ class AdaptiveManager(HybridCacheManager):
         the budget allows, and check the sample's families now and then."""
         self.finished += 1
         if SHIFT_DETECTION and self.shift_detector.add(prompt_len) and self.shadows:
-            self._after_shift()
+            self._after_shift(self.shifts)
         key = self.keys.key(digests)
         seen = self._keys_seen
         if len(seen) < MAX_COUNTED_FAMILIES:
@@ -448,15 +449,14 @@ class AdaptiveManager(HybridCacheManager):
         s.score, s.last, s.pair = cur.score, cur.last, PairedDifference()
         self._pairs.restart(i)
 
-    def _after_shift(self) -> None:
+    def _after_shift(self, record: list[int]) -> None:
         """Forget what the old workload taught, once a change is detected
         (:mod:`hybridcache.shift`): every retired candidate comes back from a copy of the
         current one's cache (what switching to it now would start from), every score and
         paired lead starts again from zero (the old workload's savings would outweigh the
         new one's for 16 shadow fills), and the shadows explore again outside the budget.
-        The caches themselves stay: they hold what the live cache holds. The chain keys'
-        budget of shared prefixes restarts: the old workload's leave the shadows with it."""
-        self.shifts.append(self.finished)
+        The caches stay; the chain keys' budget restarts. ``record``: where to log it."""
+        record.append(self.finished)
         self.keys.held = 0
         cur = self._shadow(self.current)
         for i in list(self._retired):
@@ -591,7 +591,7 @@ class AdaptiveManager(HybridCacheManager):
             "retired": [self.shadows[i].name for i in sorted(self._retired)],
             "retirements": self.retirements,
             "reentries": self.reentries,
-            "shifts": list(self.shifts),
+            "shifts": list(self.shifts), "drops": list(self.drops),
             "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
                                  "min_seen": s.config.min_seen, "score": s.score,
                                  "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,

@@ -22,7 +22,8 @@ signalled in none of 20 stationary generated traces of 2,000 requests (five kind
 seeds) and once in Mooncake's 3,993 prompt lengths (at request 3,988; not in the adaptive
 replay, whose prompts are whole 512-token blocks); at 25, twice and once (request 3,380).
 Sizes only see changes that move them; a change that keeps the sizes and moves the reuse
-is left to the window.
+is left to the window, and to :class:`DropDetector`: a sustained fall of the live cache's
+own hit fraction, where the setting in force may have stopped leading.
 """
 
 from __future__ import annotations
@@ -95,4 +96,76 @@ class ShiftDetector:
         mean += d / n
         self.mean = mean
         self.m2 += d * (x - mean)
+        return False
+
+
+#: Requests averaged into one sample of :class:`DropDetector` (a request's hit fraction is
+#: nearly 0 or nearly 1; the mean of a few is a level that can be tested).
+DROP_BLOCK = 8
+#: The cumulative excess, in the block means' own deviations, that signals a drop: a
+#: sustained fall of one deviation is flagged after ``DROP_THRESHOLD / (1 - DELTA)`` = 20
+#: blocks, 160 requests.
+DROP_THRESHOLD = 10.0
+#: Blocks the level and its deviation are learned from before the test runs.
+DROP_WARMUP = 8
+#: The least deviation assumed for a block mean (a fraction of the prompt).
+MIN_DROP_SPREAD = 0.02
+
+
+class DropDetector:
+    """One-sided Page-Hinkley test for a fall of the live cache's hit fraction.
+
+    Why: the shadows compare the candidates during an exploration and then run within the
+    budget, which the exploration's work leaves in debt for thousands of requests. A
+    setting that led while the shadows watched can fall behind later, as a workload's
+    sessions grow (agent at 4 GiB: ``checkpoints-3x`` 0.90 per quarter, then 0.83 and 0.78,
+    while ``checkpoints-none`` stays at 0.90), and nothing would show it. A sustained fall of
+    what the live cache saves is the live signal that the setting in force may be losing;
+    the adaptive manager then explores again (:meth:`AdaptiveManager._after_shift`). A rise
+    (the cache warming up) is not tested.
+
+    Each sample is the mean hit fraction (hit tokens / prompt tokens) of ``DROP_BLOCK``
+    finished requests, standardised by the running mean and deviation of the blocks since
+    the last signal, as :class:`ShiftDetector` does with prompt sizes.
+
+    Invariants: ``n``, ``mean`` and ``m2`` are Welford's statistics of the block means since
+    the last signal; ``down`` >= 0, zero until ``n`` reaches ``DROP_WARMUP``; ``pending``
+    holds the current block's fractions (fewer than ``DROP_BLOCK``).
+    """
+
+    def __init__(self) -> None:
+        self.changes = 0
+        self.pending: list[float] = []
+        self._restart()
+
+    def _restart(self) -> None:
+        self.n = 0
+        self.mean = self.m2 = 0.0
+        self.down = 0.0
+
+    def add(self, fraction: float) -> bool:
+        """Count one finished request's hit fraction; True when it completes a drop (the
+        test then starts again).
+
+        Internal updates: the current block, the block statistics and the excess."""
+        pending = self.pending
+        pending.append(fraction)
+        if len(pending) < DROP_BLOCK:
+            return False
+        x = sum(pending) / DROP_BLOCK
+        pending.clear()
+        n = self.n
+        if n >= DROP_WARMUP:
+            sd = math.sqrt(self.m2 / (n - 1))
+            z = (x - self.mean) / (sd if sd > MIN_DROP_SPREAD else MIN_DROP_SPREAD)
+            down = self.down - z - DELTA
+            self.down = down if down > 0.0 else 0.0
+            if self.down > DROP_THRESHOLD:
+                self.changes += 1
+                self._restart()
+                return True
+        self.n = n = n + 1
+        d = x - self.mean
+        self.mean += d / n
+        self.m2 += d * (x - self.mean)
         return False

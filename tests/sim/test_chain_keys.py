@@ -63,7 +63,7 @@ def test_a_change_of_workload_frees_the_budget():
     m = HybridCacheManager(get_preset("kimi-linear-48b"), 16 << 30,
                            CacheConfig(hash_unit=16, admission="adaptive"))
     m.keys.held = int(m.keys.budget)
-    m._after_shift()
+    m._after_shift(m.shifts)
     assert m.keys.held == 0 and m.shifts == [0]
 
 
