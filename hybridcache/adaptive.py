@@ -133,8 +133,8 @@ REENTER_FILLS = 1.0
 #: between the two, the margin falls linearly with the rate.
 EXACT_MARGIN = 0.003
 WINDOW_FILLS = 16.0
-#: Whether a change of workload, detected from the requests' sizes (:mod:`hybridcache.shift`),
-#: makes the manager forget what the old one taught (:meth:`AdaptiveManager._after_shift`).
+#: Whether a change of the requests' sizes or a fall of the live hits (:mod:`hybridcache.shift`)
+#: makes the manager forget what it was taught (:meth:`AdaptiveManager._after_shift`).
 #: Off, the window, the retirements and the budget carry over a change (tests).
 SHIFT_DETECTION = True
 #: How often (finished requests) the sample's families are counted: with fewer than
