@@ -78,17 +78,20 @@ class ChainKeys:
         #: The split depths of the roots keyed at their split, summed (<= budget when each
         #: was decided).
         self.held = 0
-        #: Roots keyed whole.
-        self.whole = 0
 
     def __len__(self) -> int:
         return len(self._roots)
+
+    @property
+    def whole(self) -> int:
+        """Roots keyed whole (a count over the roots: read by reports and tests only)."""
+        return sum(1 for entry in self._roots.values() if entry[2])
 
     def key(self, digests: Sequence[bytes]) -> bytes:
         """The chain's sampling key (its root's entry is updated with the chain).
 
         Internal updates: the root's reference chain and split, and the first split's
-        choice between split and whole (counted in :attr:`held` or :attr:`whole`)."""
+        choice between split and whole (a split is counted in :attr:`held`)."""
         root = digests[0]
         entry = self._roots.get(root)
         if entry is None:
@@ -108,7 +111,6 @@ class ChainKeys:
                     hi = mid
             if split is None and self.held + hi > self.budget:
                 entry[0], entry[2] = (), True
-                self.whole += 1
                 return root
             self.held += hi - (split or 0)
             split = hi

@@ -44,19 +44,29 @@ WARMUP = 30
 MIN_SPREAD = 0.35
 
 
-class ShiftDetector:
-    """Two-sided Page-Hinkley test on standardised log prompt lengths (module docstring).
+class PageHinkley:
+    """Page-Hinkley test on samples standardised by their running mean and deviation since
+    the last signal; the one test behind both detectors of this module.
+
+    ``step(x)`` adds a sample and returns True when the cumulative excess beyond ``delta``
+    deviations (below the mean, and above it where ``rises``) passes ``threshold``; the
+    deviation is at least ``min_spread``. After a signal the statistics start again, from
+    the signalling sample where ``reseed`` (a change of sizes: the new workload's first
+    size) or from nothing.
+
+    It runs for every finished request of the adaptive manager, so it is written with
+    locals and comparisons in place of ``max`` (the same values as the formulas in the
+    module docstring: ``tests/sim/test_shift.py`` checks them against the plain form).
 
     Invariants: ``n``, ``mean`` and ``m2`` are Welford's running count, mean and sum of
-    squared deviations of the log sizes since the last change; ``up`` and ``down`` are the
-    cumulative excesses (both >= 0), zero until ``n`` reaches ``WARMUP``.
+    squared deviations since the last signal; ``up`` and ``down`` are the cumulative
+    excesses (both >= 0, ``up`` stays 0 unless ``rises``), zero until ``n`` reaches ``warmup``.
     """
 
-    def __init__(self, delta: float = DELTA, threshold: float = THRESHOLD, warmup: int = WARMUP) -> None:
-        if delta < 0 or threshold <= 0 or warmup < 2:
-            raise ConfigError(f"ShiftDetector needs delta >= 0, threshold > 0 and warmup >= 2; "
-                              f"got delta={delta}, threshold={threshold}, warmup={warmup}")
+    def __init__(self, delta: float, threshold: float, warmup: int, min_spread: float, *,
+                 rises: bool, reseed: bool) -> None:
         self.delta, self.threshold, self.warmup = delta, threshold, warmup
+        self.min_spread, self.rises, self.reseed = min_spread, rises, reseed
         self.changes = 0
         self._restart()
 
@@ -65,29 +75,27 @@ class ShiftDetector:
         self.mean = self.m2 = 0.0
         self.up = self.down = 0.0
 
-    def add(self, prompt_tokens: int) -> bool:
-        """Count one request's prompt; True when it completes a change (the test then
-        starts again, learning the new workload's sizes from this request on).
-
-        It runs for every finished request of the adaptive manager, so it is written with
-        locals and comparisons in place of ``max`` (the same values as the formulas in the
-        module docstring: ``tests/sim/test_shift.py`` checks them against the plain form).
+    def step(self, x: float) -> bool:
+        """Add one sample; True when it completes a signal.
 
         Internal updates: the running statistics and the cumulative excesses."""
-        x = math.log(prompt_tokens) if prompt_tokens > 1 else 0.0
         n = self.n
         if n >= self.warmup:
             sd = math.sqrt(self.m2 / (n - 1))
-            z = (x - self.mean) / (sd if sd > MIN_SPREAD else MIN_SPREAD)
-            up = self.up + z - self.delta
+            spread = self.min_spread
+            z = (x - self.mean) / (sd if sd > spread else spread)
             down = self.down - z - self.delta
-            self.up = up = up if up > 0.0 else 0.0
             self.down = down = down if down > 0.0 else 0.0
+            up = 0.0
+            if self.rises:
+                up = self.up + z - self.delta
+                self.up = up = up if up > 0.0 else 0.0
             if up > self.threshold or down > self.threshold:
                 self.changes += 1
                 self._restart()
-                # Welford's update from the fresh state: the mean is this size, m2 stays 0.
-                self.n, self.mean = 1, x
+                if self.reseed:
+                    # Welford's update from the fresh state: the mean is this sample, m2 stays 0.
+                    self.n, self.mean = 1, x
                 return True
         n += 1
         self.n = n
@@ -97,6 +105,21 @@ class ShiftDetector:
         self.mean = mean
         self.m2 += d * (x - mean)
         return False
+
+
+class ShiftDetector(PageHinkley):
+    """Two-sided Page-Hinkley test on standardised log prompt lengths (module docstring)."""
+
+    def __init__(self, delta: float = DELTA, threshold: float = THRESHOLD, warmup: int = WARMUP) -> None:
+        if delta < 0 or threshold <= 0 or warmup < 2:
+            raise ConfigError(f"ShiftDetector needs delta >= 0, threshold > 0 and warmup >= 2; "
+                              f"got delta={delta}, threshold={threshold}, warmup={warmup}")
+        super().__init__(delta, threshold, warmup, MIN_SPREAD, rises=True, reseed=True)
+
+    def add(self, prompt_tokens: int) -> bool:
+        """Count one request's prompt; True when it completes a change (the test then
+        starts again, learning the new workload's sizes from this request on)."""
+        return self.step(math.log(prompt_tokens) if prompt_tokens > 1 else 0.0)
 
 
 #: Requests averaged into one sample of :class:`DropDetector` (a request's hit fraction is
@@ -112,7 +135,7 @@ DROP_WARMUP = 8
 MIN_DROP_SPREAD = 0.02
 
 
-class DropDetector:
+class DropDetector(PageHinkley):
     """One-sided Page-Hinkley test for a fall of the live cache's hit fraction.
 
     Why: the shadows compare the candidates during an exploration and then run within the
@@ -125,47 +148,22 @@ class DropDetector:
     (the cache warming up) is not tested.
 
     Each sample is the mean hit fraction (hit tokens / prompt tokens) of ``DROP_BLOCK``
-    finished requests, standardised by the running mean and deviation of the blocks since
-    the last signal, as :class:`ShiftDetector` does with prompt sizes.
-
-    Invariants: ``n``, ``mean`` and ``m2`` are Welford's statistics of the block means since
-    the last signal; ``down`` >= 0, zero until ``n`` reaches ``DROP_WARMUP``; ``pending``
-    holds the current block's fractions (fewer than ``DROP_BLOCK``).
+    finished requests; ``pending`` holds the current block's fractions (fewer than
+    ``DROP_BLOCK``). After a signal the test starts from nothing.
     """
 
     def __init__(self) -> None:
-        self.changes = 0
+        super().__init__(DELTA, DROP_THRESHOLD, DROP_WARMUP, MIN_DROP_SPREAD, rises=False, reseed=False)
         self.pending: list[float] = []
-        self._restart()
-
-    def _restart(self) -> None:
-        self.n = 0
-        self.mean = self.m2 = 0.0
-        self.down = 0.0
 
     def add(self, fraction: float) -> bool:
-        """Count one finished request's hit fraction; True when it completes a drop (the
-        test then starts again).
+        """Count one finished request's hit fraction; True when it completes a drop.
 
-        Internal updates: the current block, the block statistics and the excess."""
+        Internal updates: the current block, then (once it is full) the test's statistics."""
         pending = self.pending
         pending.append(fraction)
         if len(pending) < DROP_BLOCK:
             return False
         x = sum(pending) / DROP_BLOCK
         pending.clear()
-        n = self.n
-        if n >= DROP_WARMUP:
-            sd = math.sqrt(self.m2 / (n - 1))
-            z = (x - self.mean) / (sd if sd > MIN_DROP_SPREAD else MIN_DROP_SPREAD)
-            down = self.down - z - DELTA
-            self.down = down if down > 0.0 else 0.0
-            if self.down > DROP_THRESHOLD:
-                self.changes += 1
-                self._restart()
-                return True
-        self.n = n = n + 1
-        d = x - self.mean
-        self.mean += d / n
-        self.m2 += d * (x - self.mean)
-        return False
+        return self.step(x)

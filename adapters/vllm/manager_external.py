@@ -194,10 +194,8 @@ class ConnectorKVCacheManager(HybridKVCacheManager):
         the running slot, for a request not allocated yet).
         """
         tr = self._tracked.get(request_id)
-        units = -(-num_tokens // self.block_size)
-        have = len(tr.tables[self.attn_ids[0]]) if tr is not None and self.attn_ids else 0
         slots = 2 if tr is not None else 3
-        return len(self.attn_ids) * max(units - have, 0) + slots * self.slot_blocks
+        return self._pages_owed(tr, num_tokens) + slots * self.slot_blocks
 
     # ------------------------------------------------------------------ commits
     def _sync(self, tr: _Tracked) -> None:

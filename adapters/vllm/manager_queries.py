@@ -61,18 +61,19 @@ class BlockQueries:
         them for every admission. Decode growth is not reserved (its length is unknown),
         as in vLLM. Measured in ``benchmarks/bench_vllm_withdrawal.py``.
         """
+        max_len = self.port.spec.max_model_len
+        # Every token the request has (a resumed request replays its outputs); a decoding
+        # request scheduled this step already has its page.
+        return sum(self._pages_owed(tr, min(tr.request.num_tokens, max_len))
+                   for tr in self._tracked.values())
+
+    def _pages_owed(self, tr: Any, num_tokens: int) -> int:
+        """Pages (over all attention groups) a request (``tr``, ``None``: not allocated
+        yet) has not been given for its first ``num_tokens`` tokens."""
         if not self.attn_ids:
             return 0
-        first, max_len = self.attn_ids[0], self.port.spec.max_model_len
-        owed = 0
-        for tr in self._tracked.values():
-            # Every token the request has (a resumed request replays its outputs); a
-            # decoding request scheduled this step already has its page.
-            units = -(-min(tr.request.num_tokens, max_len) // self.block_size)
-            have = len(tr.tables[first])
-            if units > have:
-                owed += units - have
-        return owed * len(self.attn_ids)
+        have = len(tr.tables[self.attn_ids[0]]) if tr is not None else 0
+        return len(self.attn_ids) * max(-(-num_tokens // self.block_size) - have, 0)
 
     def _held_blocks(self) -> int:
         ids: set[int] = set()

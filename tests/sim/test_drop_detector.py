@@ -16,10 +16,12 @@ import random
 import pytest
 
 import hybridcache.adaptive as adaptive
-from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.manager import CacheConfig
 from hybridcache.presets import get_preset
 from hybridcache.shift import DROP_BLOCK, DropDetector
 from hybridcache.sim.generate import generate
+from hybridcache.sim.replay import Replay
+from hybridcache.sim.traces import Trace
 
 
 def _bimodal(rng: random.Random, level: float) -> float:
@@ -52,37 +54,23 @@ def test_a_signal_restarts_the_test():
     assert d.n == 0 and d.down == 0.0 and not d.pending
 
 
-def _hit_rate(kind: str, seed: int, gib: int, n: int, detect: bool, monkeypatch) -> tuple[float, list[int]]:
-    spec = get_preset("kimi-linear-48b")
-    m = HybridCacheManager(spec, gib << 30, CacheConfig(hash_unit=16, admission="adaptive"))
+def _replay(gib: int, config: CacheConfig, detect: bool, monkeypatch) -> tuple[float, list[int]]:
+    """Token hit rate of 1,000 agentic requests (seed 2) and the falls the policy flagged
+    (the simulator's replay loop; ``detect`` False: the detector never signals)."""
+    trace = Trace("<agentic:2>", "tokens", generate("agentic", 1000, seed=2, tenants=2))
+    run = Replay(trace, get_preset("kimi-linear-48b"), gib << 30, config)
     if not detect:
-        monkeypatch.setattr(m.drop_detector, "add", lambda fraction: False)
-    hit = prompt = 0
-    for i, r in enumerate(generate(kind, n, seed=seed, tenants=2)):
-        rid = str(i)
-        res = m.add_request(rid, r.input_ids, tenant=r.tenant)
-        m.allocate(rid, r.input_length + r.output_length - res.hit_tokens)
-        m.append_tokens(rid, r.output_ids)
-        m.commit(rid, r.input_length + r.output_length)
-        m.free(rid)
-        hit, prompt = hit + res.hit_tokens, prompt + r.input_length
-    return hit / prompt, m.drops
+        monkeypatch.setattr(run.mgr.drop_detector, "add", lambda fraction: False)
+    run.advance()
+    return run.hit_tokens / sum(run.tally.prompt.values()), getattr(run.mgr, "drops", [])
 
 
 @pytest.mark.slow
 def test_a_fall_of_the_live_hits_makes_the_policy_explore_again(monkeypatch):
-    default = HybridCacheManager(get_preset("kimi-linear-48b"), 4 << 30, CacheConfig(hash_unit=16))
-    hit = prompt = 0
-    for i, r in enumerate(generate("agentic", 1000, seed=2, tenants=2)):
-        res = default.add_request(str(i), r.input_ids, tenant=r.tenant)
-        default.allocate(str(i), r.input_length + r.output_length - res.hit_tokens)
-        default.append_tokens(str(i), r.output_ids)
-        default.commit(str(i), r.input_length + r.output_length)
-        default.free(str(i))
-        hit, prompt = hit + res.hit_tokens, prompt + r.input_length
-    base = hit / prompt
-    without, drops_without = _hit_rate("agentic", 2, 4, 1000, False, monkeypatch)
-    with_, drops = _hit_rate("agentic", 2, 4, 1000, True, monkeypatch)
+    base, _ = _replay(4, CacheConfig(hash_unit=16), True, monkeypatch)
+    adaptive_cfg = CacheConfig(hash_unit=16, admission="adaptive")
+    without, drops_without = _replay(4, adaptive_cfg, False, monkeypatch)
+    with_, drops = _replay(4, adaptive_cfg, True, monkeypatch)
     assert not drops_without and drops == [495]
     assert without < base - 0.02  # measured 0.8473 against 0.8755
     assert with_ > base - 0.002  # measured 0.8736
