@@ -67,6 +67,11 @@ from hybridcache.decision import PairTable, anytime_threshold, upper_bound
 from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.requests import Request
+from hybridcache.sample_rate import FAMILY_CHECK_EVERY as FAMILY_CHECK_EVERY
+from hybridcache.sample_rate import FOOTPRINT_FIRST_CHECK as FOOTPRINT_FIRST_CHECK
+from hybridcache.sample_rate import MAX_COUNTED_FAMILIES as MAX_COUNTED_FAMILIES
+from hybridcache.sample_rate import MIN_FAMILIES as MIN_FAMILIES
+from hybridcache.sample_rate import SampleRate
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.shift import DropDetector, ShiftDetector
 from hybridcache.spec import ModelSpec
@@ -137,29 +142,7 @@ WINDOW_FILLS = 16.0
 #: makes the manager forget what it was taught (:meth:`AdaptiveManager._after_shift`).
 #: Off, the window, the retirements and the budget carry over a change (tests).
 SHIFT_DETECTION = True
-#: How often (finished requests) the sample's families are counted: with fewer than
-#: MIN_FAMILIES sampled families the sample is not one of the workload, and the rate is
-#: raised to ``2 x MIN_FAMILIES / families seen`` (SHARDS scales the budget by the rate,
-#: which holds for many families; one family shared by every request costs the shadow its
-#: full size whatever the rate).
-FAMILY_CHECK_EVERY = 256
-MIN_FAMILIES = 8
-#: Families counted at most (the count only has to reach ``2 x MIN_FAMILIES / rate``).
-MAX_COUNTED_FAMILIES = 1 << 16
-#: A miniature must also hold the KV of ``MIN_FAMILIES`` requests of the mean size computed
-#: so far (what ``MIN_SHADOW_BLOCKS`` is in blocks, in requests): a shadow that holds one or
-#: two long contexts ranks settings by which of them it happened to keep. Measured: agentic
-#: sessions, ``qwen3-next-80b`` at 4 GiB, rate 0.44 (48 of 108 blocks): the shadows ranked
-#: ``checkpoints-3x`` first (0.900 against 0.893), while at full size ``checkpoints-none``
-#: leads (0.920 against 0.867) and the policy never switched. Checked after 16, 32, 64, ...
-#: finished requests; where it is short the rate is raised (shadows rebuilt cold) to twice
-#: the floor, as the family check does, so that growing requests do not restart them at
-#: every check, and only where that at least doubles the rate: a rebuild costs the
-#: shadows' warm-up, and above one half there is little resolution to gain (at 2 GiB, 48 of
-#: 49 blocks, a raise to 1 cost the kind-switch test's chat part 0.757 -> 0.667).
-FOOTPRINT_FIRST_CHECK = 16
-
-class AdaptiveManager(HybridCacheManager):
+class AdaptiveManager(SampleRate, HybridCacheManager):
     """:class:`HybridCacheManager` whose admission rules follow the best shadow candidate.
 
     ``switches`` lists ``(finished requests, candidate name)`` for every adoption, the
@@ -535,41 +518,6 @@ class AdaptiveManager(HybridCacheManager):
     def _reset_pairs(self) -> None:
         for s in self.shadows:
             s.pair = PairedDifference()
-
-    def _check_families(self) -> None:
-        """Raise the rate when the sample holds fewer than ``MIN_FAMILIES`` families: to
-        ``2 x MIN_FAMILIES`` of the families seen so far (the shadows restart cold).
-
-        Only once the live cache has evicted (before, there is nothing to decide) and the
-        family count has levelled off (it grew by less than a quarter over the last span):
-        while new families keep coming (sessions) the sample fills up at the same rate."""
-        self._checked_finished = self.finished
-        seen, before = len(self._keys_seen), self._keys_before
-        self._keys_before = seen
-        if self.rate >= 1.0 or len(self._families) >= MIN_FAMILIES:
-            return
-        if not self.index.evictions["kv"] + self.index.evictions["state"] or seen - before > before / 4:
-            return
-        want = min(1.0, 2.0 * MIN_FAMILIES / max(1, seen))
-        if want > self.rate:
-            self._raise_rate(want)
-
-    def _raise_rate(self, rate: float) -> None:
-        """Sample at ``rate`` from now on: the shadows are rebuilt at it, cold (a sample
-        of other chain keys cannot be grown into from the old one's caches)."""
-        self.rate = rate
-        self._build_shadows()
-
-    def _check_footprint(self) -> None:
-        """Raise the rate when a shadow holds the KV of fewer than ``MIN_FAMILIES`` mean
-        requests: to twice that (the shadows restart cold), where that at least doubles
-        it. Checked at doubling request counts: the mean settles, and each check that
-        raises costs the shadows' warm-up."""
-        self._footprint_check *= 2
-        mean_bytes = self.computed_tokens / self.finished * (self.spec.kv_bytes_per_token or 1)
-        want = min(1.0, 2.0 * MIN_FAMILIES * mean_bytes / self._capacity)
-        if self.rate * self._capacity < MIN_FAMILIES * mean_bytes and want >= 2.0 * self.rate:
-            self._raise_rate(want)
 
     def _lead_z(self, i: int) -> float:
         """Shadow ``i``'s paired lead over the current candidate, in standard errors."""
