@@ -23,11 +23,19 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
   without evicting anything) and ranked first to evict (:func:`spare_points`): while memory
   is unused an extra checkpoint costs nothing, and under pressure it goes before any entry
   the other rules made, so the cache falls back to what they alone would keep.
+- ``spare-suffix-start``: the ``suffix-start`` point as a spare one: into free room, or else
+  into the slot of a demoted snapshot (a spare, or a prompt-end state ranked first to
+  evict) when that is the entry the next eviction would take anyway
+  (:meth:`Evictor.slot_from_demoted <hybridcache.eviction.Evictor.slot_from_demoted>`), and
+  ranked first to evict itself. A predicted sibling's resume point is worth more than an
+  interval spare, and taking the slot another wish holds costs the rules' own entries
+  nothing. Not for a batching engine (``allow_save_withdrawal``), which may yet drop the
+  save: there it takes free room only. The adaptive policy's live cache uses it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from hybridcache.errors import UnknownNameError
@@ -36,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
 ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end", "suffix-start",
-                   "spare-interval")
+                   "spare-interval", "spare-suffix-start")
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,15 @@ class AdmissionPolicy:
     #: ``spare-interval:N``: checkpoints every N tokens taken only into free room, ranked
     #: first to evict (0 = none).
     spare_interval: int = 0
+    #: ``spare-suffix-start``: the ``suffix-start`` point taken as a spare one (only into
+    #: free room, ranked first to evict).
+    spare_suffix_start: bool = False
+    #: Whether the manager keeps the suffix-start estimate (either rule uses it): a field,
+    #: not a property, as the manager reads it for every request.
+    tracks_suffixes: bool = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tracks_suffixes", self.suffix_start or self.spare_suffix_start)
 
     @classmethod
     def parse(cls, text: str, hash_unit: int) -> AdmissionPolicy:
@@ -74,7 +91,8 @@ class AdmissionPolicy:
                         f"admission rule {raw!r}: {name} must be a positive multiple of the hash unit {hash_unit}"
                     )
                 kw[name.replace("-", "_")] = n
-            elif name in ("last-token", "turn-end", "branch-point", "chunk-end", "suffix-start") and not arg:
+            elif name in ("last-token", "turn-end", "branch-point", "chunk-end", "suffix-start",
+                          "spare-suffix-start") and not arg:
                 kw[name.replace("-", "_")] = True
             elif name == "none":
                 continue

@@ -431,6 +431,20 @@ class Evictor:
             if aside and not batch:
                 self.kv_q.put_back(aside)
 
+    def slot_from_demoted(self) -> int | None:
+        """A state slot taken over from the lowest-ranked entry when that is a demoted
+        snapshot (a spare checkpoint, or a prompt-end state ranked first to evict), else
+        ``None`` (nothing changed): one wish may replace another, never an entry the
+        admission rules made (a ``spare-suffix-start`` point, :mod:`hybridcache.admission`)."""
+        top = self.snap_q.peek()
+        if top is None or not top[1].snap_demoted:
+            return None
+        kv = self.kv_q.peek_priority()
+        if kv is not None and kv <= top[0]:
+            return None  # KV would go first
+        self.snap_q.evicted(top[1])
+        return self._evict_snapshot(top[1], True)
+
     def slot_batch(self) -> SlotBatch:
         """Context: slot allocations inside share one set-aside list: nothing pins or
         unpins a slab in between (no page is allocated or held), so a pinned entry stays

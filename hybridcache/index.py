@@ -155,6 +155,7 @@ class PrefixIndex(ChainWalks):
         self.alloc_page = ev.alloc_page
         self.alloc_pages = ev.alloc_pages
         self.alloc_slot = ev.alloc_slot
+        self.slot_from_demoted = ev.slot_from_demoted
         self.slot_batch = ev.slot_batch
         self.evict_one = ev.evict_one
         self.clear = ev.clear

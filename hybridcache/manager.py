@@ -348,12 +348,12 @@ class HybridCacheManager(SavePointControl):
         req.allocated = True
         req.num_computed = req.hit_tokens
         req.prompt_len = req.num_tokens
-        if self.admission.suffix_start:
-            req.suffix_start = self.suffix_starts.note_match(req, self.unit)
+        if self.admission.tracks_suffixes:
+            req.suffix_start = self.suffix_starts.note_match(req, self.unit, not self.admission.suffix_start)
         return req.hit_tokens
 
     def _rollback_first(self, req: Request) -> None:
-        if self.admission.suffix_start:
+        if self.admission.tracks_suffixes:
             self.suffix_starts.undo_match(req)
         self.index.release_runs(req.holds, self.tick)
         if req.restore is not None:
@@ -524,7 +524,7 @@ class HybridCacheManager(SavePointControl):
         self.tick += 1
         if req.allocated and not req.counted and req.num_computed > req.hit_tokens:
             self._count_request(req)
-        if finished and req.allocated and self.admission.suffix_start:
+        if finished and req.allocated and self.admission.tracks_suffixes:
             self.suffix_starts.note_end(req, self.unit)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)

@@ -83,7 +83,7 @@ class SavePointControl:
         finally:
             if pend is not None:
                 pend.optional = False
-        if self.admission.spare_interval:  # the spare-interval rule (the adaptive policy's)
+        if self.admission.spare_interval or self.admission.spare_suffix_start:  # the adaptive policy's
             out += self._spare_saves(req, start, end)
         return tuple(out)
 
@@ -105,25 +105,49 @@ class SavePointControl:
         needs. They are marked on the request (``spare``) so that registration ranks them
         first to evict and leaves them out of the FLOPs the next snapshot is valued by. A
         batching engine's later request of the same step may take them back before it
-        evicts anything (hybridcache.pending_saves)."""
+        evicts anything (hybridcache.pending_saves).
+
+        The ``spare-suffix-start`` point comes first: into a free slot, or else (not for a
+        batching engine) the slot of the demoted snapshot the next eviction would take
+        (:meth:`~hybridcache.eviction.Evictor.slot_from_demoted`). Returned in boundary
+        order."""
         out: list[SavePoint] = []
-        if not self.has_state or not self.arena.may_have_slot():
+        if not self.has_state:
+            return out
+        pol = self.admission
+        b = req.suffix_start
+        if pol.spare_suffix_start and not pol.suffix_start and start < b <= end:
+            # The predicted sibling's resume point: worth more than an interval spare, so it
+            # may take the slot of a demoted snapshot (never of what the rules made), unless
+            # a batching engine may yet drop the save (hybridcache.pending_saves).
+            if b not in req.saves and b != req.rolling_boundary:
+                s = self.arena.alloc_slot()
+                if s is None and self.index.pending_saves is None:
+                    s = self.index.slot_from_demoted()
+                if s is not None:
+                    self._note_spare(req, b, s, out)
+        if not self.arena.may_have_slot():
             return out  # no free room: every alloc_slot below would refuse (most steps under pressure)
-        pend = self.index.pending_saves
-        for b in spare_points(self.admission, start, end):
+        for b in spare_points(pol, start, end):
             if b in req.saves or b == req.rolling_boundary:
                 continue
             s = self.arena.alloc_slot()
             if s is None:
                 break
-            req.saves[b] = s
-            i = bisect.bisect_left(req.spare, b)  # kept sorted (a rejected step re-plans)
-            if i == len(req.spare) or req.spare[i] != b:
-                req.spare.insert(i, b)
-            if pend is not None:
-                pend.note(req, b, s)
-            out.append(SavePoint(b, s))
+            self._note_spare(req, b, s, out)
+        if len(out) > 1:
+            out.sort()
         return out
+
+    def _note_spare(self, req: Request, b: int, s: int, out: list[SavePoint]) -> None:
+        req.saves[b] = s
+        i = bisect.bisect_left(req.spare, b)  # kept sorted (a rejected step re-plans)
+        if i == len(req.spare) or req.spare[i] != b:
+            req.spare.insert(i, b)
+        pend = self.index.pending_saves
+        if pend is not None:
+            pend.note(req, b, s)
+        out.append(SavePoint(b, s))
 
     def allow_save_withdrawal(self) -> None:
         """The engine allocates several requests before it runs a step, and drops the save

@@ -58,22 +58,24 @@ class SuffixStarts:
         self._dropped: tuple[int | None, ...] = ()  # what the last push let go, if any (undo_match)
         self._counted: object = None  # the request whose match the last note_match counted (undo_match)
 
-    def note_match(self, req: Request, unit: int) -> int:
+    def note_match(self, req: Request, unit: int, spare: bool = False) -> int:
         """Count ``req``'s match (its first allocation) and return the boundary the rule
-        saves it at (0: none).
+        saves it at (0: none). ``spare``: for the ``spare-suffix-start`` rule, whose state
+        only takes free room or another wish's slot, so that an estimate needs siblings
+        in the window but not as the common case (:meth:`estimate`).
 
         Internal updates: the window of matches."""
-        return self._match(req, req.kv_hit_tokens, req.hit_tokens, unit)
+        return self._match(req, req.kv_hit_tokens, req.hit_tokens, unit, spare)
 
     def preview(self, req: Request, kv_hit_tokens: int, hit_tokens: int, unit: int) -> int:
         """What :meth:`note_match` would return for ``req`` matched at these lengths, changing
         nothing (an engine planning a request's first step before allocating it): the match
         counted, then taken back as a refused allocation's is."""
-        b = self._match(req, kv_hit_tokens, hit_tokens, unit)
+        b = self._match(req, kv_hit_tokens, hit_tokens, unit, False)
         self.undo_match(req)
         return b
 
-    def _match(self, req: Request, kv: int, hit: int, unit: int) -> int:
+    def _match(self, req: Request, kv: int, hit: int, unit: int, spare: bool) -> int:
         self._counted = None
         if kv > 0:
             own = None if req.hasher.digests[kv // unit - 1] in self._ends else req.prompt_len - kv
@@ -82,27 +84,35 @@ class SuffixStarts:
             if own is None or hit < kv:
                 self._push(own)
                 self._counted = req
-        return self._boundary(req.prompt_len, kv, unit)
+        siblings, n = len(self._sorted), len(self.suffixes)
+        if (siblings < MIN_MATCHES) if spare else (n < MIN_MATCHES or 2 * siblings < n):
+            return 0  # no estimate (estimate()'s test, written out: run for every request)
+        return self._boundary(req.prompt_len, kv, unit, spare)
 
-    def _boundary(self, prompt_len: int, matched: int, unit: int) -> int:
+    def _boundary(self, prompt_len: int, matched: int, unit: int, spare: bool = False) -> int:
         """The unit boundary a request of ``prompt_len`` tokens whose KV match is ``matched``
         tokens is saved at: the predicted suffix below the last prompt boundary; 0 where
         there is no estimate or the point is not past the match (a branch inside cached KV
         is the ``branch-point`` rule's, and a point below the match continues an earlier
         request, not this one's own part) and before the prompt-end boundary."""
-        s = self.estimate()
+        s = self.estimate(spare)
         if s is None:
             return 0
         last = (prompt_len - 1) // unit * unit
         b = (prompt_len - 1 - s) // unit * unit
         return b if matched < b < last else 0
 
-    def estimate(self) -> int | None:
+    def estimate(self, spare: bool = False) -> int | None:
         """The predicted own suffix in tokens: the :data:`QUANTILE` of the siblings' suffixes
         in the window; None with fewer than :data:`MIN_MATCHES` matches or siblings fewer
-        than half of them."""
+        than half of them, or with ``spare``, fewer than :data:`MIN_MATCHES` siblings.
+
+        Half is where siblings are the common case, the bar for a state every request
+        pays a slot for; a spare one (``spare-suffix-start``) costs only free room or
+        another wish's slot, so siblings in the window are enough (documents asked
+        beside chat sessions, where most matches extend a turn)."""
         srt, n = self._sorted, len(self.suffixes)
-        if n < MIN_MATCHES or 2 * len(srt) < n:
+        if (len(srt) < MIN_MATCHES) if spare else (n < MIN_MATCHES or 2 * len(srt) < n):
             return None
         return srt[min(len(srt) - 1, int(QUANTILE * len(srt)))]
 
@@ -113,11 +123,14 @@ class SuffixStarts:
 
         Internal updates: the remembered ends (the oldest dropped past :data:`MAX_ENDS`)."""
         digests, p = req.hasher.digests, req.prompt_len
-        ends = self._ends
-        for u in ((p - 1) // unit, p // unit, min(req.num_computed, req.num_tokens) // unit):
-            if 0 < u <= len(digests):
-                ends[digests[u - 1]] = None
-                ends.move_to_end(digests[u - 1])
+        ends, n = self._ends, len(digests)
+        last, end = (p - 1) // unit, p // unit
+        done = min(req.num_computed, req.num_tokens) // unit
+        for u in ((last, done) if last == end else (last, end, done)):
+            if 0 < u <= n:
+                d = digests[u - 1]
+                ends[d] = None
+                ends.move_to_end(d)
         while len(ends) > MAX_ENDS:
             ends.popitem(last=False)
 

@@ -1,0 +1,132 @@
+"""The ``spare-suffix-start`` admission rule: the suffix-start point taken as a spare one.
+
+It is saved only into free room or into the slot of a demoted snapshot (a spare, or a
+prompt-end state ranked first to evict), never by evicting what the other rules made.
+"""
+
+from __future__ import annotations
+
+from hybridcache.invariants import check_manager
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from tests.core.conftest import tiny_spec
+from tests.core.test_suffix_starts import U, doc, question, serve
+
+#: tiny_spec: a block is 9 pages of 4 tokens (9,216 bytes) and holds one state slot.
+BLOCK = 9216
+
+
+def mgr(admission: str, blocks: int = 455) -> HybridCacheManager:
+    return HybridCacheManager(tiny_spec(), blocks * BLOCK, CacheConfig(hash_unit=U, admission=admission))
+
+
+#: Prompt-end states and branch points, with spare checkpoints every 16 tokens: the
+#: documents are 40 tokens, so the spare below a document's end is at 32.
+SPARES = "last-token+branch-point+spare-interval:16"
+
+
+def teach(m: HybridCacheManager, docs: int = 4) -> None:
+    """Documents asked twice (49-token prompts: a 40-token document, a 9-token question):
+    each second question leaves its document's end, a suffix of 9 tokens, so the estimate
+    places the next document's suffix start at (49 - 1 - 9) // 4 * 4 = 36."""
+    for i in range(docs):
+        serve(m, f"{i}a", doc(i) + question(i, 0, 9))
+        serve(m, f"{i}b", doc(i) + question(i, 1, 9))
+
+
+def second_question_hit(m: HybridCacheManager) -> int:
+    """The hit of the fifth document's second question, after its first."""
+    teach(m)
+    serve(m, "4a", doc(4) + question(4, 0, 9))
+    res = serve(m, "4b", doc(4) + question(4, 1, 9))
+    assert res.kv_hit_tokens == 40
+    check_manager(m)
+    return res.hit_tokens
+
+
+def test_a_spare_suffix_start_serves_the_next_sibling_from_free_room():
+    """With room to spare the rule saves the point the suffix-start rule would, as a spare
+    (demoted: first to evict): the second question resumes at 36, not at the interval
+    spare below the branch (32)."""
+    assert second_question_hit(mgr(SPARES, blocks=100)) == 32
+    m = mgr(SPARES + "+spare-suffix-start", blocks=100)
+    teach(m)
+    serve(m, "4a", doc(4) + question(4, 0, 9))
+    node = next(h for h in m.index.handles.values() if h.depth == 36 // U - 1 and h.snap >= 0)
+    assert node.snap_demoted
+    assert serve(m, "4b", doc(4) + question(4, 1, 9)).hit_tokens == 36
+
+
+def test_in_a_full_cache_it_takes_the_slot_of_a_demoted_snapshot():
+    """30 blocks: no free room is left when the fifth document comes. Without the rule its
+    second question finds no state below the branch (0); with it, the suffix-start spare
+    takes the slot of the demoted snapshot the next eviction would have freed (one more
+    state eviction, nothing else) and the question resumes at 36."""
+    plain = mgr(SPARES, blocks=30)
+    assert second_question_hit(plain) == 0 and plain.arena.free_block_count <= 1
+    m = mgr(SPARES + "+spare-suffix-start", blocks=30)
+    assert second_question_hit(m) == 36
+    assert m.index.evictions["kv"] == plain.index.evictions["kv"] == 0
+
+
+def test_it_takes_a_slot_only_from_a_demoted_snapshot_that_ranks_lowest():
+    """``slot_from_demoted``: where the lowest-ranked entry is a demoted snapshot (below
+    every KV entry) it is evicted and its slot handed over; where the lowest is KV (ties go
+    to KV, as the victim chooser's) or a snapshot that is not demoted, nothing changes."""
+    m = mgr(SPARES, blocks=30)
+    teach(m)
+    top, kv = m.index.snap_q.peek(), m.index.kv_q.peek_priority()
+    assert top is not None and top[1].snap_demoted and (kv is None or kv > top[0])
+    before = m.index.evictions["state"]
+    slot = m.index.slot_from_demoted()
+    assert slot is not None and slot >= 0 and m.index.evictions["state"] == before + 1
+    m.arena.free_slot(slot)
+    check_manager(m)
+    for rules, blocks in ((SPARES, 12), ("last-token", 12)):
+        m = mgr(rules, blocks=blocks)
+        teach(m)
+        top, kv = m.index.snap_q.peek(), m.index.kv_q.peek_priority()
+        assert top is not None and (not top[1].snap_demoted or (kv is not None and kv <= top[0]))
+        version, ev = m.index.version, dict(m.index.evictions)
+        assert m.index.slot_from_demoted() is None
+        assert (m.index.version, m.index.evictions) == (version, ev)
+        check_manager(m)
+
+
+def test_documents_among_chat_sessions_get_the_spare_but_not_the_save_point():
+    """Each document asked twice beside a chat session of three turns: one match in four
+    leaves a sibling (the others extend a turn), too few for the suffix-start rule's
+    estimate (half) but enough for the spare one's (four siblings in the window). The fifth
+    document's second question resumes at 36 with the spare rule, at 0 with the save-point
+    rule or neither."""
+    hits = {}
+    for rules in (SPARES, SPARES + "+suffix-start", SPARES + "+spare-suffix-start"):
+        m = mgr(rules, blocks=100)
+        for i in range(5):
+            ctx = question(9, i, 12)
+            for t in range(4):
+                out = [800 + 10 * i + t] * 4
+                serve(m, f"s{i}.{t}", ctx, output=out)
+                ctx = ctx + out + question(i, t + 2, 4)
+            serve(m, f"{i}a", doc(i) + question(i, 0, 9))
+            res = serve(m, f"{i}b", doc(i) + question(i, 1, 9))
+        if m.admission.tracks_suffixes:
+            assert m.suffix_starts.estimate() is None and m.suffix_starts.estimate(spare=True) == 9
+        hits[rules] = res.hit_tokens
+        check_manager(m)
+    assert hits == {SPARES: 32, SPARES + "+suffix-start": 32, SPARES + "+spare-suffix-start": 36}
+
+
+def test_a_batching_engine_gets_no_displacement():
+    """With save withdrawal on (a batching engine: a later request of the step may take a
+    spare back, and the engine may drop a save inside a step), a spare never displaces a
+    snapshot for a save the step may not keep: the rule uses free room only."""
+    m = mgr(SPARES + "+spare-suffix-start", blocks=30)
+    m.allow_save_withdrawal()
+    assert second_question_hit(m) == 0
+    m.take_withdrawn_saves()
+
+
+def test_the_rule_parses_and_keeps_the_estimate():
+    m = mgr("last-token+spare-suffix-start")
+    assert m.admission.spare_suffix_start and m.admission.tracks_suffixes and not m.admission.suffix_start
+    assert not mgr("last-token").admission.tracks_suffixes
