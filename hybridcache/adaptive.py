@@ -277,10 +277,11 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
 
     def _use(self, rules: AdmissionPolicy) -> None:
         """Make ``rules`` the live admission (turn-end only once outputs are known), with
-        spare checkpoints (:func:`spare_interval`)."""
+        spare checkpoints (:func:`spare_interval`) and the spare suffix start (a sibling's
+        resume point, :mod:`hybridcache.admission`)."""
         self._rules = rules
         live = rules if self.outputs_known else replace(rules, turn_end=False)
-        self.admission = replace(live, spare_interval=self.spare_interval)
+        self.admission = replace(live, spare_interval=self.spare_interval, spare_suffix_start=True)
 
     def _sample(self, digests: list[bytes], prompt_len: int, total: int, tenant: str | None) -> None:
         """Count a finished request, feed it to the shadows if its chain is sampled and

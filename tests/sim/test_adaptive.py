@@ -52,8 +52,10 @@ def test_selected_by_config(kimi):
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     assert isinstance(m, AdaptiveManager)
     first = HybridCacheManager(kimi, 4 << 30, CacheConfig(admission=m.candidates[0].admission)).admission
-    # The first candidate's rules, with the live cache's spare checkpoints (free room only).
-    assert m.admission == dataclasses.replace(first, spare_interval=m.spare_interval) and first.turn_end
+    # The first candidate's rules, with the live cache's spare checkpoints and its spare
+    # suffix start (free room, or a demoted snapshot's slot).
+    assert m.admission == dataclasses.replace(first, spare_interval=m.spare_interval, spare_suffix_start=True)
+    assert first.turn_end and m.admission.tracks_suffixes
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
 
 
