@@ -6,6 +6,9 @@ prompt-end state ranked first to evict), never by evicting what the other rules 
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from hybridcache.invariants import check_manager
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from tests.core.conftest import tiny_spec
@@ -130,3 +133,26 @@ def test_the_rule_parses_and_keeps_the_estimate():
     m = mgr("last-token+spare-suffix-start")
     assert m.admission.spare_suffix_start and m.admission.tracks_suffixes and not m.admission.suffix_start
     assert not mgr("last-token").admission.tracks_suffixes
+
+
+@settings(max_examples=60, derandomize=True, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(0, 3), st.booleans()), min_size=1, max_size=40),
+    st.sampled_from([12, 20, 30, 60]),
+    st.booleans(),
+    st.booleans(),
+)
+def test_random_streams_keep_every_invariant(stream, blocks, intervals, batching):
+    """Documents asked several questions (some with outputs) through a small cache, with and
+    without interval spares and save withdrawal: after every request the manager's and the
+    estimate's invariants hold, and nothing is ever counted as a hit beyond its KV hit."""
+    rules = "last-token+turn-end+branch-point" + ("+spare-interval:16" if intervals else "")
+    m = mgr(rules + "+spare-suffix-start", blocks=blocks)
+    if batching:
+        m.allow_save_withdrawal()
+    for n, (d, q, with_output) in enumerate(stream):
+        res = serve(m, f"r{n}", doc(d) + question(d, q, 9), output=[7] * 4 if with_output else ())
+        assert res.hit_tokens <= res.kv_hit_tokens
+        m.take_withdrawn_saves()
+        check_manager(m)
+        m.suffix_starts.sanity_check()
