@@ -26,7 +26,8 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
 - ``spare-suffix-start``: the ``suffix-start`` point as a spare one: into free room, or else
   into the slot of a demoted snapshot (a spare, or a prompt-end state ranked first to
   evict) when that is the entry the next eviction would take anyway
-  (:meth:`Evictor.slot_from_demoted <hybridcache.eviction.Evictor.slot_from_demoted>`), and
+  (:meth:`Evictor.slot_from_demoted <hybridcache.eviction.Evictor.slot_from_demoted>`: the
+  default victim chooser names it; a policy's own chooser, free room only), and
   ranked first to evict itself. A predicted sibling's resume point is worth more than an
   interval spare, and taking the slot another wish holds costs the rules' own entries
   nothing. Not for a batching engine (``allow_save_withdrawal``), which may yet drop the

@@ -112,6 +112,16 @@ class LowestFirst:
                 return "kv", a[1]
         return None if b is None else ("state", b[1])
 
+    def state_victim(self) -> UnitHandle | None:
+        """The snapshot :meth:`choose` without a predicate returns next, if its next victim
+        is a snapshot (the same comparison: KV wins ties), without making a KV handle;
+        ``None`` when it would take KV or nothing."""
+        b = self.snap_q.peek()
+        if b is None:
+            return None
+        top = self.kv_q.peek_priority()
+        return b[1] if top is None or top > b[0] else None
+
 
 class Evictor:
     """Chooses victims and allocates pages and slots with eviction (module docstring).
@@ -432,18 +442,17 @@ class Evictor:
                 self.kv_q.put_back(aside)
 
     def slot_from_demoted(self) -> int | None:
-        """A state slot taken over from the lowest-ranked entry when that is a demoted
-        snapshot (a spare checkpoint, or a prompt-end state ranked first to evict), else
-        ``None`` (nothing changed): one wish may replace another, never an entry the
-        admission rules made (a ``spare-suffix-start`` point, :mod:`hybridcache.admission`)."""
-        top = self.snap_q.peek()
-        if top is None or not top[1].snap_demoted:
+        """A state slot taken over from the next victim when that is a demoted snapshot (a
+        spare checkpoint, or a prompt-end state ranked first to evict), else ``None``
+        (nothing changed): one wish may replace another, never an entry the admission rules
+        made (a ``spare-suffix-start`` point, :mod:`hybridcache.admission`). The default
+        chooser names its next victim without taking it (:meth:`LowestFirst.state_victim`);
+        a policy's own chooser (``marconi``) may not, so there nothing is taken."""
+        chooser = self.chooser
+        node = chooser.state_victim() if isinstance(chooser, LowestFirst) else None
+        if node is None or not node.snap_demoted:
             return None
-        kv = self.kv_q.peek_priority()
-        if kv is not None and kv <= top[0]:
-            return None  # KV would go first
-        self.snap_q.evicted(top[1])
-        return self._evict_snapshot(top[1], True)
+        return self._drop("state", node, keep_slot=True)
 
     def slot_batch(self) -> SlotBatch:
         """Context: slot allocations inside share one set-aside list: nothing pins or

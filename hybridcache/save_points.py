@@ -126,6 +126,7 @@ class SavePointControl:
                     s = self.index.slot_from_demoted()
                 if s is not None:
                     self._note_spare(req, b, s, out)
+        first = len(out)  # the suffix start, if taken, goes before the interval spares
         if not self.arena.may_have_slot():
             return out  # no free room: every alloc_slot below would refuse (most steps under pressure)
         for b in spare_points(pol, start, end):
@@ -135,7 +136,7 @@ class SavePointControl:
             if s is None:
                 break
             self._note_spare(req, b, s, out)
-        if len(out) > 1:
+        if first and len(out) > first:
             out.sort()
         return out
 

@@ -43,6 +43,17 @@ MIN_MATCHES = 4
 MAX_ENDS = 4096
 
 
+def _boundary(prompt_len: int, matched: int, unit: int, suffix: int) -> int:
+    """The unit boundary a request of ``prompt_len`` tokens whose KV match is ``matched``
+    tokens is saved at, for a predicted own suffix of ``suffix`` tokens: that far below the
+    last prompt boundary; 0 where the point is not past the match (a branch inside cached KV
+    is the ``branch-point`` rule's, and a point below the match continues an earlier
+    request, not this one's own part) or not before the prompt-end boundary."""
+    last = (prompt_len - 1) // unit * unit
+    b = (prompt_len - 1 - suffix) // unit * unit
+    return b if matched < b < last else 0
+
+
 class SuffixStarts:
     """Recent matches and the prompt and turn ends they are told apart by.
 
@@ -84,23 +95,8 @@ class SuffixStarts:
             if own is None or hit < kv:
                 self._push(own)
                 self._counted = req
-        siblings, n = len(self._sorted), len(self.suffixes)
-        if (siblings < MIN_MATCHES) if spare else (n < MIN_MATCHES or 2 * siblings < n):
-            return 0  # no estimate (estimate()'s test, written out: run for every request)
-        return self._boundary(req.prompt_len, kv, unit, spare)
-
-    def _boundary(self, prompt_len: int, matched: int, unit: int, spare: bool = False) -> int:
-        """The unit boundary a request of ``prompt_len`` tokens whose KV match is ``matched``
-        tokens is saved at: the predicted suffix below the last prompt boundary; 0 where
-        there is no estimate or the point is not past the match (a branch inside cached KV
-        is the ``branch-point`` rule's, and a point below the match continues an earlier
-        request, not this one's own part) and before the prompt-end boundary."""
         s = self.estimate(spare)
-        if s is None:
-            return 0
-        last = (prompt_len - 1) // unit * unit
-        b = (prompt_len - 1 - s) // unit * unit
-        return b if matched < b < last else 0
+        return 0 if s is None else _boundary(req.prompt_len, kv, unit, s)
 
     def estimate(self, spare: bool = False) -> int | None:
         """The predicted own suffix in tokens: the :data:`QUANTILE` of the siblings' suffixes

@@ -14,8 +14,8 @@ from hybridcache.manager import CacheConfig, HybridCacheManager
 from tests.core.conftest import tiny_spec
 from tests.core.test_suffix_starts import U, doc, question, serve
 
-#: tiny_spec: a block is 9 pages of 4 tokens (9,216 bytes) and holds one state slot.
-BLOCK = 9216
+#: tiny_spec's arena block (9 pages of 4 tokens; one state slot).
+BLOCK = HybridCacheManager(tiny_spec(), 1 << 22, CacheConfig(hash_unit=U)).layout.block_bytes
 
 
 def mgr(admission: str, blocks: int = 455) -> HybridCacheManager:
@@ -27,11 +27,11 @@ def mgr(admission: str, blocks: int = 455) -> HybridCacheManager:
 SPARES = "last-token+branch-point+spare-interval:16"
 
 
-def teach(m: HybridCacheManager, docs: int = 4) -> None:
+def teach(m: HybridCacheManager) -> None:
     """Documents asked twice (49-token prompts: a 40-token document, a 9-token question):
     each second question leaves its document's end, a suffix of 9 tokens, so the estimate
     places the next document's suffix start at (49 - 1 - 9) // 4 * 4 = 36."""
-    for i in range(docs):
+    for i in range(4):
         serve(m, f"{i}a", doc(i) + question(i, 0, 9))
         serve(m, f"{i}b", doc(i) + question(i, 1, 9))
 
@@ -87,6 +87,8 @@ def test_it_takes_a_slot_only_from_a_demoted_snapshot_that_ranks_lowest():
     for rules, blocks in ((SPARES, 12), ("last-token", 12)):
         m = mgr(rules, blocks=blocks)
         teach(m)
+        choice = m.index.evictor.chooser.choose(None, [])  # the victim it names, as state_victim
+        assert m.index.evictor.chooser.state_victim() is (choice[1] if choice[0] == "state" else None)
         top, kv = m.index.snap_q.peek(), m.index.kv_q.peek_priority()
         assert top is not None and (not top[1].snap_demoted or (kv is not None and kv <= top[0]))
         version, ev = m.index.version, dict(m.index.evictions)
@@ -117,6 +119,18 @@ def test_documents_among_chat_sessions_get_the_spare_but_not_the_save_point():
         hits[rules] = res.hit_tokens
         check_manager(m)
     assert hits == {SPARES: 32, SPARES + "+suffix-start": 32, SPARES + "+spare-suffix-start": 36}
+
+
+def test_a_policy_with_its_own_chooser_gets_no_displacement():
+    """Marconi's chooser ranks a window of candidates and consumes its ranking as it
+    chooses, so it cannot name its next victim without taking it: with it the rule takes
+    free room only, though its snapshot queue's lowest entry is a demoted one here."""
+    m = HybridCacheManager(tiny_spec(), 30 * BLOCK,
+                           CacheConfig(hash_unit=U, admission=SPARES, eviction="marconi"))
+    teach(m)
+    version, ev = m.index.version, dict(m.index.evictions)
+    assert m.index.slot_from_demoted() is None
+    assert (m.index.version, m.index.evictions) == (version, ev)
 
 
 def test_a_batching_engine_gets_no_displacement():

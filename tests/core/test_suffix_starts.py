@@ -111,42 +111,76 @@ class _Req:
 
 
 @settings(max_examples=300, derandomize=True, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.booleans(), st.booleans()), max_size=150))
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.booleans(), st.booleans(),
+                          st.sampled_from([0, 30])), max_size=150))
 def test_the_window_its_estimate_preview_and_undo_agree_with_a_brute_force(ops):
     """Matches (some stopping at a remembered end), previews and undone matches in any
-    order: the estimate is the brute force's over the window, a preview is what the match
-    then returns, and an undo leaves the window as it was. A window of 6 (not 64) so that
-    it fills and slides in most examples."""
-    window, ss.WINDOW = ss.WINDOW, 6
+    order, for either rule (the save point's and the spare's bar): the estimate is the
+    brute force's over the window, the boundary a match returns is the brute force's
+    estimate placed below that prompt's end, a preview is what the match then returns, and
+    an undo leaves the window as it was. A window of 16 (not 64) so that it fills and slides
+    in most examples."""
+    window, ss.WINDOW = ss.WINDOW, 16
     try:
         _replay(ops)
     finally:
         ss.WINDOW = window
 
 
+def _expected_boundary(prompt_len: int, matched: int, suffix: int | None) -> int:
+    if suffix is None:
+        return 0
+    b = (prompt_len - 1 - suffix) // U * U
+    return b if matched < b < (prompt_len - 1) // U * U else 0
+
+
 def _replay(ops):
     est, model = ss.SuffixStarts(), deque()
     ends = [bytes([k]) * 16 for k in range(4)]
-    for k, units, is_end, undo in ops:
+    for k, units, is_end, undo, tail in ops:
+        spare = bool(k & 2)
         digests = [bytes([100 + k])] * (units - 1) + [ends[k] if is_end else bytes([200 + k]) * 16]
-        req = _Req(digests, units * U + 9, units * U)
+        req = _Req(digests, units * U + 9 + tail, units * U)
         expect = est.preview(req, req.kv_hit_tokens, 0, U)
         before = (list(est.suffixes), list(est._sorted))
-        got = est.note_match(req, U, spare=bool(k & 2))
-        assert got == expect or k & 2
+        own = None if digests[-1] in est._ends else req.prompt_len - req.kv_hit_tokens
+        after = deque(list(model) + [own], maxlen=ss.WINDOW)
+        got = est.note_match(req, U, spare=spare)
+        assert got == _expected_boundary(req.prompt_len, req.kv_hit_tokens, brute(after, spare))
+        if not spare:
+            assert got == expect
         if undo:
             est.undo_match(req)
             assert (list(est.suffixes), list(est._sorted)) == before
         else:
-            model.append(None if digests[-1] in est._ends else req.prompt_len - req.kv_hit_tokens)
-            if len(model) > ss.WINDOW:
-                model.popleft()
+            model = after
         if is_end and k % 2:
             est.note_end(_Req(digests, units * U, 0), U)
         est.sanity_check()
         assert list(est.suffixes) == list(model)
         assert est.estimate() == brute(model)
         assert est.estimate(spare=True) == brute(model, spare=True)
+
+
+def test_the_spare_bar_places_a_boundary_where_the_save_points_does_not():
+    """Ten siblings (own suffix 9) among 24 matches: too few for the save point's bar
+    (half), enough for the spare one's (four siblings). A request whose own part is 39
+    tokens (the 90th percentile with it is still 9) gets the spare's boundary at the
+    prompt's end less 9, rounded down to the unit (past its match), and none from the
+    save point's estimate."""
+    est = ss.SuffixStarts()
+    end = b"\xff" * 16  # a remembered prompt end: a match stopping there extends it
+    est._ends[end] = None
+    for i in range(24):
+        sibling = i % 12 < 5
+        digests = [bytes([i])] * 4 + [bytes([100 + i]) * 16 if sibling else end]
+        est.note_match(_Req(digests, 5 * U + 9, 5 * U), U)
+    assert len(est._sorted) == 10 and est.estimate() is None and est.estimate(spare=True) == 9
+    digests = [b"x"] * 4 + [b"y" * 16]
+    prompt = 5 * U + 39
+    assert est.preview(_Req(digests, prompt, 5 * U), 5 * U, 0, U) == 0
+    assert est.note_match(_Req(digests, prompt, 5 * U), U, spare=True) == (prompt - 1 - 9) // U * U
+    est.sanity_check()
 
 
 def test_an_undo_takes_back_only_the_refused_requests_own_match():
