@@ -443,14 +443,15 @@ class Evictor:
 
     def slot_from_demoted(self) -> int | None:
         """A state slot taken over from the next victim when that is a demoted snapshot (a
-        spare checkpoint, or a prompt-end state ranked first to evict), else ``None``
+        spare checkpoint, a prompt-end state ranked first to evict, or a checkpoint its
+        session went past: :mod:`hybridcache.superseded`), else ``None``
         (nothing changed): one wish may replace another, never an entry the admission rules
         made (a ``spare-suffix-start`` point, :mod:`hybridcache.admission`). The default
         chooser names its next victim without taking it (:meth:`LowestFirst.state_victim`);
         a policy's own chooser (``marconi``) may not, so there nothing is taken."""
         chooser = self.chooser
         node = chooser.state_victim() if isinstance(chooser, LowestFirst) else None
-        if node is None or not node.snap_demoted:
+        if node is None or not (node.snap_demoted or node.snap_superseded):
             return None
         return self._drop("state", node, keep_slot=True)
 

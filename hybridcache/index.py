@@ -248,6 +248,7 @@ class PrefixIndex(ChainWalks):
             self.pinned_snapshots -= 1
             # What a policy switch re-ranks by (hybridcache.policy_switch).
             node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
+            node.snap_superseded = False  # it served a hit: ranked as any entry again
             self.snap_q.add(node, tick, node.snap_flops, self.snap_bytes, node.snap_hits)
 
     # ------------------------------------------------------------------ registering
@@ -374,6 +375,7 @@ class PrefixIndex(ChainWalks):
         self.tenant_bytes[node.tenant] = self.tenant_bytes.get(node.tenant, 0) + self.snap_bytes
         # What a policy switch re-ranks by (hybridcache.policy_switch).
         node.snap_tick, node.snap_demoted, node.snap_queued_hits = tick, False, node.snap_hits
+        node.snap_superseded = False
         node.snap_base = -1  # a spare checkpoint's registrar sets it after (CommitRegistrar)
         if node.snap_ref == 0:
             self.snap_q.add(node, tick, flops, self.snap_bytes, node.snap_hits)
@@ -383,6 +385,18 @@ class PrefixIndex(ChainWalks):
     def demote_snapshot(self, node: UnitHandle) -> None:
         """Rank ``node``'s queued snapshot before every other evictable entry."""
         node.snap_demoted = True  # kept through a policy switch (hybridcache.policy_switch)
+        self._rank_first(node)
+
+    def supersede_snapshot(self, node: UnitHandle) -> None:
+        """Record that a session went past ``node``'s queued snapshot
+        (:mod:`hybridcache.superseded`); under value eviction, rank it first as a demoted
+        one. Recorded under any policy, so that a switch into value eviction ranks it as a
+        manager that had run it all along (:mod:`hybridcache.policy_switch`)."""
+        node.snap_superseded = True
+        if self.eviction == "value":
+            self._rank_first(node)
+
+    def _rank_first(self, node: UnitHandle) -> None:
         floors = [f for f in (self.kv_q.floor(), self.snap_q.floor()) if f is not None]
         if floors:
             self.snap_q.demote(node, min(floors))

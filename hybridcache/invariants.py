@@ -72,6 +72,8 @@ def check_index(index: PrefixIndex) -> None:
             slots.append(node.snap)
             pinned += node.snap_ref > 0
             tenant[node.tenant] = tenant.get(node.tenant, 0) + index.snap_bytes
+            # hybridcache.superseded: a snapshot is a member of the cohort that registered it.
+            assert node.snap_cohort is None or d in node.snap_cohort[1:], "cohort membership"
     assert set(index.bare) <= set(index.handles)
     assert len(slots) == len(set(slots)), "a slot registered twice"
     assert all(arena._live[2][s] for s in slots), "a registered slot is free in the arena"

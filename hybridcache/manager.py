@@ -47,6 +47,7 @@ from hybridcache.save_points import SavePointControl
 from hybridcache.spec import AttentionKind, ModelSpec
 from hybridcache.step import _Hit, _Step, _Undo
 from hybridcache.suffix_starts import SuffixStarts
+from hybridcache.superseded import supersede
 
 _NO_COPIES = CopyPlan()
 
@@ -343,6 +344,8 @@ class HybridCacheManager(SavePointControl):
             if restore.snap_base >= 0:  # a spare checkpoint: value from what it was valued from
                 req.value_base = restore.snap_base
             self.index.pin_snapshot(restore)
+            if restore.snap_cohort is not None:  # a session's next turn: what it went past goes first
+                req.extends = supersede(self.index, restore)
         if self.coordinator is not None:
             self.coordinator.begin(req, hit_units)
         req.allocated = True

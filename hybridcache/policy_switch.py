@@ -9,7 +9,8 @@ would rank it, from what the index keeps whatever the policy:
 
 - the manager tick at which each entry last became evictable: a snapshot's
   (``UnitHandle.snap_tick``, and ``snap_demoted``: ranked first since, as a spare or an
-  unused prompt-end snapshot), a KV unit's from the old queue (an LRU-type queue keys
+  unused prompt-end snapshot; ``snap_superseded``: a session went past it, ranked first
+  under value eviction), a KV unit's from the old queue (an LRU-type queue keys
   units by their tick; value eviction's release numbers carry it:
   :data:`~hybridcache.policies.value.TICK_SHIFT`);
 - hits (the run's, and a snapshot's as they were when it was queued: a restore's hit is
@@ -141,6 +142,8 @@ def _rank_into(index: PrefixIndex, kv_ticks: dict[Run, list[int]], snaps: list[U
     for node in snaps:
         if node.snap_demoted:
             index.demote_snapshot(node)
+        elif node.snap_superseded:
+            index.supersede_snapshot(node)  # ranked first under value eviction only
     if not value:
         for _, kind, _, run, pos in events:
             if not kind and pos == len(run.digests) - 1:  # type: ignore[union-attr]

@@ -87,6 +87,11 @@ class CommitRegistrar:
         flops = m.spec.flops.prefill_flops(prev, boundary)
         m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
         m.metrics.snapshots_saved += 1
+        cohort = req.cohort  # hybridcache.superseded (written out: runs per snapshot)
+        if cohort is None:
+            cohort = req.cohort = [req.extends is not None]  # [extends, *digests]
+        cohort.append(node.digest)
+        node.snap_cohort = cohort
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
             node.snap_base = base  # what a request restoring it values its snapshots from
             m.index.demote_snapshot(node)

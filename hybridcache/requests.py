@@ -13,6 +13,7 @@ from hybridcache.errors import InvalidRequestError
 from hybridcache.hashing import TokenHasher
 from hybridcache.index import UnitHandle
 from hybridcache.runs import Run
+from hybridcache.superseded import Cohort
 
 
 class Request:
@@ -28,7 +29,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "value_base", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
-        "slide", "spare", "suffix_start",
+        "slide", "spare", "suffix_start", "cohort", "extends",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -73,6 +74,10 @@ class Request:
         # Per sliding-window cache, the request's pages there (hybridcache.coordinator);
         # empty for models without sliding windows.
         self.slide: list = []
+        # The snapshots this request registered, and the cohort its first allocation
+        # extended (None: none; hybridcache.superseded).
+        self.cohort: Cohort | None = None
+        self.extends: Cohort | None = None
 
     def check_step(self, num_new_tokens: int, num_draft: int) -> None:
         """An allocation of ``num_new_tokens`` (``num_draft`` of them drafts) is a valid

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.runs import Run
+    from hybridcache.superseded import Cohort
 
 Digest = bytes
 
@@ -26,7 +27,8 @@ class UnitHandle:
 
     __slots__ = (
         "digest", "depth", "tenant", "snap", "snap_ref", "snap_hits", "snap_flops", "run",
-        "snap_tick", "snap_demoted", "snap_queued_hits", "snap_base", "__weakref__",
+        "snap_tick", "snap_demoted", "snap_queued_hits", "snap_base", "snap_cohort", "snap_superseded",
+        "__weakref__",
     )
 
     def __init__(self, digest: Digest, depth: int, tenant: str | None, run: Run | None) -> None:
@@ -50,6 +52,13 @@ class UnitHandle:
         #: (a request that restores it values its own snapshots from there, not from the
         #: spare, which goes first under pressure); -1 for any other snapshot.
         self.snap_base = -1
+        #: The snapshots registered together with this one by one request
+        #: (:class:`hybridcache.superseded.Cohort`), or None: set when the snapshot is
+        #: registered; ranks it first to evict once a session goes past it.
+        self.snap_cohort: Cohort | None = None
+        #: Whether a session went past the snapshot since it was queued (ranked first under
+        #: value eviction; policy-neutral, as ``snap_demoted``, for a policy switch).
+        self.snap_superseded = False
 
     @property
     def pos(self) -> int:

@@ -374,7 +374,8 @@ def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
     is corrected for that (``Z_SWITCH * sqrt(1 - rate)``, 0.28 here; the full bound at rate
     0, none at rate 1). Agent sessions, seed 9, 200 requests: the corrected rule takes
     ``no-prompt-end`` at request 56; held to the full bound of 2, at 168, and keeps less
-    (0.886 against 0.866, measured 2026-12-02). Fails without the correction."""
+    (0.886 against 0.866, measured 2026-12-02; 0.889 against 0.881 since the checkpoints a
+    session went past are ranked first, 2026-12-05). Fails without the correction."""
     import hybridcache.adaptive as adaptive
 
     m = AdaptiveManager(kimi, 2 << 30, ADAPTIVE)
@@ -391,7 +392,7 @@ def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
         runs[corrected] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
     (fast, fast_hit), (slow, slow_hit) = runs[True], runs[False]
     assert fast[1][1] == "no-prompt-end" and fast[1][0] + 24 <= slow[1][0], (fast, slow)
-    assert fast_hit > slow_hit + 0.01, (fast_hit, slow_hit)
+    assert fast_hit > slow_hit + 0.005, (fast_hit, slow_hit)
 
 
 def test_adopting_a_seen_twice_setting_takes_the_counts_its_shadow_kept(kimi):
