@@ -74,10 +74,11 @@ class Request:
         # Per sliding-window cache, the request's pages there (hybridcache.coordinator);
         # empty for models without sliding windows.
         self.slide: list = []
-        # The snapshots this request registered, and the cohort its first allocation
-        # extended (None: none; hybridcache.superseded).
+        # The snapshots this request registered, and the digest of the snapshot its first
+        # allocation resumed from when that extended the snapshot's cohort (None: it did
+        # not; hybridcache.superseded).
         self.cohort: Cohort | None = None
-        self.extends: Cohort | None = None
+        self.extends: bytes | None = None
 
     def check_step(self, num_new_tokens: int, num_draft: int) -> None:
         """An allocation of ``num_new_tokens`` (``num_draft`` of them drafts) is a valid
