@@ -1,9 +1,10 @@
 """Checkpoints a session went past are ranked first to evict (hybridcache.superseded).
 
 A session's second turn saves checkpoints inside its own new content; once the third turn
-resumes from the second one's turn end, those are demoted. The first turn's stay (a first
-request's checkpoints are where siblings branch), a branch inside a turn demotes nothing,
-and neither does a recency policy.
+resumes from the second one's turn end, those are demoted, and so is the first turn's end
+the second one resumed from. The first turn's checkpoints stay (a first request's
+checkpoints are where siblings branch), a turn end a retried turn restored too stays, a
+branch inside a turn demotes nothing, and a recency policy only records it.
 """
 
 from __future__ import annotations
