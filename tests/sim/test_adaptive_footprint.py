@@ -56,9 +56,11 @@ def test_short_requests_leave_the_rate_alone(kimi):
 @pytest.mark.slow
 def test_a_miniature_too_small_for_its_contexts_is_enlarged(monkeypatch):
     """Agentic sessions, qwen3-next-80b at 4 GiB: at rate 0.44 the shadows rank the fixed
-    setting first and the policy never switches (0.867 over the trace); at full size
-    ``checkpoints-none`` leads (0.920 as a fixed policy), and with the floor the policy
-    takes it (0.904). Without the floor (the mutation) this fails."""
+    setting first and the policy never switches (0.867 over the trace; 0.860 since the
+    checkpoints and turn ends a session went past are ranked first, 2026-12-05); at full
+    size another candidate leads (``checkpoints-none``, 0.920 as a fixed policy; since that
+    rule ``prompt-turn-recency``, 0.924), and with the floor the policy takes it (0.904;
+    0.912). Without the floor (the mutation) this fails."""
     spec = get_preset("qwen3-next-80b")
     trace = Trace("<agentic>", "tokens", generate("agentic", 200, seed=0, tenants=2))
 
@@ -68,7 +70,7 @@ def test_a_miniature_too_small_for_its_contexts_is_enlarged(monkeypatch):
 
     with_floor = Replay(trace, spec, 4 << 30, ADAPTIVE)
     hit = rate(with_floor)
-    assert with_floor.mgr.rate == 1.0 and "checkpoints-none" in dict(with_floor.mgr.switches).values()
+    assert with_floor.mgr.rate == 1.0 and "prompt-turn-recency" in dict(with_floor.mgr.switches).values()
     monkeypatch.setattr(adaptive, "FOOTPRINT_FIRST_CHECK", 1 << 40)
     without = Replay(trace, spec, 4 << 30, ADAPTIVE)
     assert hit > rate(without) + 0.02, (hit, without.mgr.switches)
