@@ -345,7 +345,7 @@ class HybridCacheManager(SavePointControl):
                 req.value_base = restore.snap_base
             self.index.pin_snapshot(restore)
             if restore.snap_cohort is not None:  # a session's next turn: what it went past goes first
-                req.extends = restore.digest if supersede(self.index, restore) is not None else None
+                req.resumed_from = restore.digest if supersede(self.index, restore) is not None else None
         if self.coordinator is not None:
             self.coordinator.begin(req, hit_units)
         req.allocated = True

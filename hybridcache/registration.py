@@ -89,7 +89,7 @@ class CommitRegistrar:
         m.metrics.snapshots_saved += 1
         cohort = req.cohort  # hybridcache.superseded (written out: runs per snapshot)
         if cohort is None:
-            cohort = req.cohort = [req.extends]  # [resumed from, *digests]
+            cohort = req.cohort = [req.resumed_from]  # [resumed from, *digests]
         cohort.append(node.digest)
         node.snap_cohort = cohort
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)

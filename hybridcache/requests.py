@@ -29,7 +29,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "value_base", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
-        "slide", "spare", "suffix_start", "cohort", "extends",
+        "slide", "spare", "suffix_start", "cohort", "resumed_from",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -78,7 +78,7 @@ class Request:
         # allocation resumed from when that extended the snapshot's cohort (None: it did
         # not; hybridcache.superseded).
         self.cohort: Cohort | None = None
-        self.extends: bytes | None = None
+        self.resumed_from: bytes | None = None
 
     def check_step(self, num_new_tokens: int, num_draft: int) -> None:
         """An allocation of ``num_new_tokens`` (``num_draft`` of them drafts) is a valid

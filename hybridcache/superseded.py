@@ -60,6 +60,11 @@ if TYPE_CHECKING:  # pragma: no cover
 Cohort = list
 
 
+def _unmarked(n: UnitHandle) -> bool:
+    """A cached, queued snapshot not ranked first yet (neither demoted nor gone past)."""
+    return n.snap >= 0 and not n.snap_demoted and not n.snap_superseded and not n.snap_ref
+
+
 def supersede(index: PrefixIndex, restore: UnitHandle) -> Cohort | None:
     """What a first allocation restoring ``restore`` does (module docstring), in one pass
     over ``restore``'s cohort: returns the cohort it extends (None: a branch inside it, or
@@ -67,11 +72,9 @@ def supersede(index: PrefixIndex, restore: UnitHandle) -> Cohort | None:
     ``restore`` that were never restored, and the snapshot it resumed from if that request
     was its only restore (one hit), are marked gone past (ranked first under value
     eviction). A snapshot being restored now (``snap_ref``) is not queued and keeps its
-    rank."""
+    rank. The manager calls it only for a ``restore`` with a cohort."""
     cohort = restore.snap_cohort
-    if cohort is None:
-        return None
-    get, depth = index.handles.get, restore.depth
+    get, depth, resumed = index.handles.get, restore.depth, cohort[0]
     below = []
     for d in cohort[1:]:
         n = get(d)
@@ -79,13 +82,11 @@ def supersede(index: PrefixIndex, restore: UnitHandle) -> Cohort | None:
             continue
         if n.depth > depth:
             return None  # a deeper one is cached: a branch inside the turn
-        if (n.depth < depth and not n.snap_hits and not n.snap_demoted and not n.snap_superseded
-                and not n.snap_ref):
+        if resumed is not None and n.depth < depth and not n.snap_hits and _unmarked(n):
             below.append(n)
-    if cohort[0] is not None:
-        prev = get(cohort[0])  # where the cohort's request resumed: the turn before
-        if (prev is not None and prev.snap >= 0 and prev.snap_hits == 1 and prev.depth < depth
-                and not prev.snap_demoted and not prev.snap_superseded and not prev.snap_ref):
+    if resumed is not None:
+        prev = get(resumed)  # where the cohort's request resumed: the turn before
+        if prev is not None and prev.snap_hits == 1 and prev.depth < depth and _unmarked(prev):
             below.append(prev)
         for n in below:
             index.supersede_snapshot(n)

@@ -13,9 +13,11 @@ import numpy as np
 import pytest
 
 import hybridcache.manager as manager_module
-from hybridcache.errors import OutOfSpaceError
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.sim.generate import generate
+from hybridcache.sim.policies import checkpoint_interval
+from hybridcache.sim.replay import Replay
+from hybridcache.sim.traces import Trace
 from tests.sim.conftest import toks
 
 RULES = "last-token+turn-end+interval:256"
@@ -119,22 +121,12 @@ def test_a_recency_order_records_the_rule_and_ranks_nothing_first(kimi, monkeypa
     assert _victims(mgr) == _victims(plain)
 
 
-def _hit_rate(spec, reqs, capacity: int) -> float:
-    mgr = HybridCacheManager(spec, capacity, CacheConfig(
-        hash_unit=16, admission="last-token+turn-end+branch-point+interval:16160"))
-    hit = prompt = 0
-    for i, r in enumerate(reqs):
-        res = mgr.add_request(str(i), r.input_ids, tenant=r.tenant)
-        try:
-            mgr.allocate(str(i), r.input_length + r.output_length - res.hit_tokens)
-        except OutOfSpaceError:  # a refused request is a miss
-            mgr.free(str(i), finished=False)
-            continue
-        mgr.append_tokens(str(i), r.output_ids)
-        mgr.commit(str(i), r.input_length + r.output_length)
-        mgr.free(str(i))
-        hit, prompt = hit + res.hit_tokens, prompt + r.input_length
-    return hit / prompt
+def _hit_rate(spec, trace: Trace, capacity: int) -> float:
+    """Token hit rate of the simulator's replay under the fixed policy's interval checkpoints."""
+    rules = f"last-token+turn-end+branch-point+interval:{checkpoint_interval(spec, 16)}"
+    run = Replay(trace, spec, capacity, CacheConfig(hash_unit=16, admission=rules))
+    run.advance()
+    return run.hit_tokens / sum(run.tally.prompt.values())
 
 
 @pytest.mark.slow
@@ -142,8 +134,8 @@ def test_long_agent_sessions_keep_their_hit_rate(kimi, monkeypatch):
     """The measured case (module docstring of hybridcache.superseded): agent sessions at
     4 GiB under the fixed policy's interval checkpoints, 1,000 requests: 0.918 with the
     rule, 0.875 without (2026-12-05)."""
-    reqs = generate("agent", 1000, seed=0, tenants=2)
-    with_rule = _hit_rate(kimi, reqs, 4 << 30)
+    trace = Trace("<agent:0>", "tokens", generate("agent", 1000, seed=0, tenants=2))
+    with_rule = _hit_rate(kimi, trace, 4 << 30)
     monkeypatch.setattr(manager_module, "supersede", lambda index, restore: None)
-    without = _hit_rate(kimi, reqs, 4 << 30)
+    without = _hit_rate(kimi, trace, 4 << 30)
     assert with_rule > without + 0.02, (with_rule, without)
