@@ -292,8 +292,11 @@ class HybridCacheManager(SavePointControl):
             if num_draft and self.has_state:
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
+            req.draft_slots = list(drafts)  # read by the save points (speculative turn end)
+            rule_saves = self._rule_saves_first(req, start, end, step.page_units)
             new_pages, slide_new = self._alloc_pages(req, end, undo)
         except OutOfSpaceError:  # pragma: no cover - the count above rules it out
+            req.draft_slots = []
             undo.give_back(self.arena)
             if first:
                 self._rollback_first(req)
@@ -313,10 +316,9 @@ class HybridCacheManager(SavePointControl):
                 block_table.update(coord.tables(req))
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
-        req.draft_slots = list(drafts)
         req.step_start = start
         with self.index.slot_batch():
-            saves = self._schedule_saves(req, start, end)
+            saves = self._schedule_saves(req, start, end, rule_saves)
         return copies, drafts, saves, block_table
 
     def _hit(self, req: Request) -> _Hit:

@@ -3,15 +3,17 @@ whose kernels write a step's final state into the running slot, vLLM's Mamba lay
 of copying it to a save slot) and the spare checkpoints of the ``spare-interval`` rule.
 
 Kept apart from :mod:`hybridcache.manager`: the manager's own path calls
-:meth:`SavePointControl._schedule_saves` (the admission rules' save points, then the spare
-ones); the vLLM adapter uses the rest (see ``docs/vllm.md``).
+:meth:`SavePointControl._rule_saves_first` (the admission rules' save points, before the
+step's pages when the room holds both) and :meth:`SavePointControl._schedule_saves` (those
+rules' points if not taken yet, then the spare ones); the vLLM adapter uses the rest (see
+``docs/vllm.md``).
 """
 
 from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from hybridcache.admission import admission_points, spare_points
 from hybridcache.errors import InvalidRequestError
@@ -20,6 +22,15 @@ from hybridcache.plans import SavePoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
+
+
+class RuleSaves(NamedTuple):
+    """The admission rules' save points of a step: the boundaries ``wanted``
+    (``admission_points``) and, if their slots were taken before the step's pages, the save
+    points ``taken`` (:meth:`SavePointControl._rule_saves_first`)."""
+
+    wanted: list[tuple[int, bool]]
+    taken: list[SavePoint] | None
 
 
 class SavePointControl:
@@ -33,15 +44,46 @@ class SavePointControl:
     requests: dict[str, Request]
     unit: int
     has_state: bool
+    _fits: Callable[..., bool]
     _seen: dict[bytes, int]
     _get: Callable[[str], Request]
 
-    def _schedule_saves(self, req: Request, start: int, end: int) -> tuple[SavePoint, ...]:
+    def _rule_saves_first(self, req: Request, start: int, end: int, page_units: int) -> RuleSaves:
+        """The admission rules' save points in ``(start, end]``, their slots taken *before*
+        the step's ``page_units`` units of pages when the room holds both (else left for
+        :meth:`_schedule_saves`, after the pages, as room allows).
+
+        Why before: a slot needs an empty block whenever a state outweighs a page (one slot
+        per block, :mod:`hybridcache.room`). After the pages, the step's own pages are
+        pinned in blocks they share with cached KV, and a long prompt that fills most of
+        the arena can leave no block that eviction may empty: the save point is skipped
+        although the room held it. On agentic sessions at 1 GiB (24 blocks, 100k-token
+        contexts) whole turns lost their prompt-end and turn-end states that way, and the
+        next turn missed. The running slot comes before the pages for the same reason.
+        Counted first (``fits``), so taking them never leaves the pages short.
+        """
+        if not self.has_state:
+            return RuleSaves([], None)
+        wanted = admission_points(self.admission, req, start, end, self.unit)
+        if not wanted or not self._fits(page_units, len(wanted)):
+            return RuleSaves(wanted, None)
+        with self.index.slot_batch():
+            return RuleSaves(wanted, self._rule_saves(req, wanted))
+
+    def _schedule_saves(self, req: Request, start: int, end: int, rules: RuleSaves) -> tuple[SavePoint, ...]:
         """The step's save points in ``(start, end]``: the admission rules' (each with a slot,
-        evicting for it; the turn-end one in the request's rolling slot), then the spare ones."""
+        evicting for it; the turn-end one in the request's rolling slot), unless
+        :meth:`_rule_saves_first` took them already, then the spare ones."""
         if not self.has_state:
             return ()  # no state: no save point, whatever admission wants
-        wanted = admission_points(self.admission, req, start, end, self.unit)
+        out = rules.taken if rules.taken is not None else self._rule_saves(req, rules.wanted)
+        if self.admission.spare_interval or self.admission.spare_suffix_start:  # the adaptive policy's
+            out += self._spare_saves(req, start, end)
+        return tuple(out)
+
+    def _rule_saves(self, req: Request, wanted: list[tuple[int, bool]]) -> list[SavePoint]:
+        """Slots for the admission rules' save points ``wanted`` (``admission_points``), each
+        evicting for it; a point without room is skipped (``snapshots_skipped``)."""
         out: list[SavePoint] = []
         pend = self.index.pending_saves  # a batching engine's (hybridcache.pending_saves)
         if pend is not None:
@@ -83,9 +125,7 @@ class SavePointControl:
         finally:
             if pend is not None:
                 pend.optional = False
-        if self.admission.spare_interval or self.admission.spare_suffix_start:  # the adaptive policy's
-            out += self._spare_saves(req, start, end)
-        return tuple(out)
+        return out
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
         u = boundary // self.unit - 1

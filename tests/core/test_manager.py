@@ -340,3 +340,22 @@ def test_prompt_end_snapshot_of_a_repeated_prompt_keeps_its_rank():
     serve(m, "b", prompt, output=list(range(200, 210)))  # a repeat: its prompt end is a branch
     order = [n.depth for n in m.index.snap_q._od]  # oldest first
     assert order == [32 // U - 1, 20 // U - 1, 32 // U - 1]  # a's turn end, the shared prompt end, b's
+
+
+def test_a_save_point_the_room_holds_is_not_lost_to_the_steps_own_pages():
+    """A slot needs an empty block (one slot per block here: a state outweighs a page). The
+    rules' save points take their slots before the step's pages when the room holds both
+    (``SavePointControl._rule_saves_first``). Taken after the pages, as they were, the turn
+    end of ``b`` found every block either pinned or shared with ``b``'s own pages (which
+    went into the free entries of ``a``'s KV slab) and was skipped, so ``c``, the next turn,
+    resumed from the prompt end (12) instead of the turn end (16)."""
+    m = mgr(admission="last-token+turn-end", capacity=4 * 9216)
+    assert m.arena.layout.num_blocks == 4 and m.arena.layout.pages_per_block == 9
+    serve(m, "a", list(range(1000, 1024)), output=(1, 2))  # KV slab 7/9 used, two snapshots
+    b = list(range(2000, 2015))
+    _, alloc = serve(m, "b", b, output=(3,))  # running slot + 4 pages + prompt end + turn end
+    assert [s.boundary for s in alloc.save_points] == [12, 16]
+    res, _ = serve(m, "c", b + [3] + list(range(3000, 3009)), output=(4, 5))
+    assert res.hit_tokens == 16
+    assert m.metrics.snapshots_skipped == 0
+    m.check_invariants()

@@ -14,7 +14,9 @@ import math
 
 import pytest
 
+from hybridcache import adaptive
 from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting, spare_interval
+from hybridcache.decision import PairTable
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate, generate_change
@@ -86,6 +88,15 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: halves fell (``checkpoints-none`` 0.682 -> 0.638, ``seen-twice`` 0.680 -> 0.667) and the
 #: adaptive manager switched at 56, 88 and 140 where it switched once (0.675 -> 0.605), while
 #: the 300 sweep cells gained (docs/results.md, "Checkpoints and turn ends a session went past").
+#: On 2026-12-05 the rules' save points took their slots before the step's pages (a save
+#: point the room held was lost when the step's own pages left no block to empty; the 300
+#: sweep cells gained, docs/results.md, "Save points before the step's pages"): agent
+#: 0.022 -> 0.008, mixed 0.062 -> 0.013, chat at 1 GiB 0.008 -> 0.003; agentic 0.0 -> 0.015
+#: (SGLang's setting taken at 144 as before, ``checkpoints-none`` at 96 first); docs 0.024 ->
+#: 0.080 (never switches: the miniature's ``seen-twice-recency`` trails, 0.670 against 0.685,
+#: while as a fixed policy it rose to 0.864; the spare checkpoints cost the starting setting
+#: 0.023 of this second half, 0.0005 before: 0.807 against 0.784; over the whole trace
+#: that setting with its spares keeps what it kept before, within 0.1 %).
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -97,7 +108,7 @@ def _check_gap(rate: float, best: float, measured: float, switches: object) -> N
 
 
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("chat", 300, 1, 0.008), pytest.param("docs", 200, 2, 0.024, marks=pytest.mark.slow)])
+    ("chat", 300, 1, 0.003), pytest.param("docs", 200, 2, 0.080, marks=pytest.mark.slow)])
 def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -107,7 +118,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("agent", 300, 2, 0.022), ("mixed", 300, 2, 0.062), ("agentic", 300, 2, 0.0), ("chat", 400, 4, 0.007)])
+    ("agent", 300, 2, 0.008), ("mixed", 300, 2, 0.013), ("agentic", 300, 2, 0.015), ("chat", 400, 4, 0.007)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -325,8 +336,6 @@ def test_anytime_threshold_refuses_a_few_samples_and_grows_slowly():
 def test_pair_table_rows_start_at_each_shadows_onset():
     """Row i holds shadow i's lead from its own onset on: what it saved before (its cache
     not yet full) is left out, and a row once opened is never reset."""
-    from hybridcache.decision import PairTable
-
     table = PairTable(3)
     for _ in range(10):
         table.add([5.0, 0.0, 1.0], 1.0)  # shadow 0 leads before its onset: not counted
@@ -341,37 +350,44 @@ def test_pair_table_rows_start_at_each_shadows_onset():
     assert table.lead(1, 0).s1 < 0 and table.lead(1, 1).w == 0.0
 
 
-@pytest.mark.slow
-def test_clear_lead_is_taken_before_the_count_of_confirmations(kimi, monkeypatch):
-    """Agentic sessions at 1 GiB (rate 1), seed 25: the policy takes SGLang's setting
-    (``prompt-turn-recency``) at request 40 and ``seen-twice`` at 152 either way; then SGLang's
-    setting leads again. The sequential test takes it back once the paired lead clears the
-    confidence sequence (request 171 of 200); the count rule alone (3 evaluations in a row)
-    at request 184, and the earlier switch keeps more (0.774 against 0.717, measured
-    2026-12-05). Fails with the sequential test off.
+def test_clear_lead_is_taken_before_the_count_of_confirmations(kimi):
+    """The sequential test (:meth:`AdaptiveManager._take_clear_lead`) adopts a candidate
+    whose paired lead over the current one clears the confidence sequence's boundary at
+    once, where the count rule (:meth:`_follow_best`) would wait for ``CONFIRM``
+    evaluations in a row; a lead within the noise is not taken.
 
-    Rare: with the checkpoints and turn ends a session went past ranked first (2026-12-05),
-    4 of the 30 agentic cells of seeds 0-29 at 1 GiB switch differently without the
-    sequential test, and all four keep more with it (seed 6: 0.626 against 0.603, 8: 0.574
-    against 0.565, 25, 26: 0.713 against 0.688). Until then the test used seed 0 (165
-    against 176; now 176 either way), and before that seed 8."""
-    import hybridcache.adaptive as adaptive
+    Built by hand since 2026-12-05: with the rules' save points taken before the step's
+    pages, the path no longer fires first on any generated cell swept (agentic seeds 0-29
+    at 1 GiB; agent, mixed, docs and chat seeds 0-9 at 1-2 GiB; agentic seeds 0-9 at 2
+    GiB), where it fired first on four agentic cells at 1 GiB before (seed 25: 171 against
+    184 of 200, 0.774 against 0.717), the cells this test replayed until then."""
+    m = AdaptiveManager(kimi, 1 << 30, ADAPTIVE)
+    _branching_requests(m, 12, 6000, seed=3)
+    cur = m._shadow(m.current)
+    assert cur.evictions, "the current shadow is under pressure"
+    m._retired.clear()
+    ci = m._current_index()
+    ch = next(i for i, s in enumerate(m.shadows) if i != ci and s.evictions)
+    challenger = m.shadows[ch]
 
-    trace = Trace("<agentic:25>", "tokens", generate("agentic", 200, seed=25, tenants=2))
-    runs = {}
-    for on in (1, 0):
-        monkeypatch.setattr(adaptive, "SEQUENTIAL", bool(on))
-        run = Replay(trace, kimi, 1 << 30, ADAPTIVE)
-        run.advance()
-        runs[on] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
-    (fast, fast_hit), (slow, slow_hit) = runs[1], runs[0]
+    def feed(pairs: int, lead: float) -> None:
+        m._pairs = PairTable(len(m.shadows))
+        m._pairs.start(ch)
+        for k in range(pairs):  # the challenger saves ``lead`` more, give or take 0.5
+            saved = [1.0] * len(m.shadows)
+            saved[ch] += lead + (0.5 if k % 2 else -0.5)
+            m._pairs.add(saved, 1.0)
+        for s in m.shadows:
+            s.score = 1.0
+        challenger.score = 1.0 + lead
 
-    def taken_back(switches: list) -> int:
-        return max(i for i, name in switches if name == "prompt-turn-recency")
-
-    assert fast[:3] == slow[:3], (fast, slow)  # the same way up to seen-twice
-    assert taken_back(fast) + 8 <= taken_back(slow), (fast, slow)
-    assert fast_hit > slow_hit, (fast_hit, slow_hit)
+    feed(40, 0.05)  # a lead well inside the noise
+    assert not m._take_clear_lead() and m.current == cur.name
+    feed(40, 1.0)
+    m._lead = (None, 0)
+    m._follow_best()  # the count rule: the first of CONFIRM confirmations
+    assert adaptive.CONFIRM > 1 and m._lead == (challenger.name, 1) and m.current == cur.name
+    assert m._take_clear_lead() and m.current == challenger.name
 
 
 def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
