@@ -61,7 +61,7 @@ class Room:
 
     def fits(
         self, page_units: int, slots: int, holds: Sequence[Hold] = (), restore: UnitHandle | None = None,
-        slide_hold: Sequence[int] = (),
+        slide_hold: Sequence[int] = (), *, take_back: bool = True,
     ) -> bool:
         """See :func:`fits`."""
         pages, ppb = page_units * self.groups, self.ppb
@@ -76,7 +76,7 @@ class Room:
             kv_free = (self.num_blocks - free - arena.slots_in_use) * ppb - arena.pages_in_use
             if slots <= free + ev and pages <= kv_free + ppb * (free + ev - slots):
                 return True
-        return fits(self.index, page_units, slots, holds, restore, slide_hold)
+        return fits(self.index, page_units, slots, holds, restore, slide_hold, take_back=take_back)
 
 
 def fits(
@@ -86,6 +86,8 @@ def fits(
     holds: Sequence[Hold] = (),
     restore: UnitHandle | None = None,
     slide_hold: Sequence[int] = (),
+    *,
+    take_back: bool = True,
 ) -> bool:
     """Whether ``slots`` state slots, then ``page_units`` units of KV pages (one page per
     attention group each, sliding-window groups included), can be allocated with eviction
@@ -96,11 +98,13 @@ def fits(
 
     The slots a batching engine's step may take back (:mod:`hybridcache.pending_saves`)
     are counted only when the answer is no without them: counting them walks the live
-    requests."""
+    requests; ``take_back=False`` never counts them (a step's optional save points, taken
+    before its pages, must leave the pages room that needs no save point taken back: the
+    latest grant, the step's own, would go first)."""
     if _fits(index, page_units, slots, holds, restore, slide_hold, ()):
         return True
     pend = index.pending_saves
-    if pend is None:
+    if pend is None or not take_back:
         return False
     back = pend.slots()
     return bool(back) and _fits(index, page_units, slots, holds, restore, slide_hold, back)

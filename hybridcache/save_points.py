@@ -60,12 +60,15 @@ class SavePointControl:
         although the room held it. On agentic sessions at 1 GiB (24 blocks, 100k-token
         contexts) whole turns lost their prompt-end and turn-end states that way, and the
         next turn missed. The running slot comes before the pages for the same reason.
-        Counted first (``fits``), so taking them never leaves the pages short.
+        Counted first (``fits``), so taking them never leaves the pages short; counted
+        without the slots a batching engine's step may take back
+        (:mod:`hybridcache.pending_saves`), or the pages could take back these very save
+        points (the latest grants) after the allocation had handed them out.
         """
         if not self.has_state:
             return RuleSaves([], None)
         wanted = admission_points(self.admission, req, start, end, self.unit)
-        if not wanted or not self._fits(page_units, len(wanted)):
+        if not wanted or not self._fits(page_units, len(wanted), take_back=False):
             return RuleSaves(wanted, None)
         with self.index.slot_batch():
             return RuleSaves(wanted, self._rule_saves(req, wanted))

@@ -260,7 +260,8 @@ def test_batched_steps_keep_every_promise(steps, admission, big_state, blocks):
     prompt chunk, then one decoded token: turn-end slots), oldest first, before any
     commits. After every call the invariants hold (every page and slot owned once); a
     withdrawn save point has left its request (so its commit registers nothing there),
-    every other one handed out is still there when the step commits; a withdrawn turn-end
+    every save point an allocation hands out is the request's when the call returns, every
+    other one handed out is still there when the step commits; a withdrawn turn-end
     slot was written before its request's current step; a refused allocation changes
     nothing."""
     _batched_steps(steps, admission, big_state, blocks)
@@ -332,6 +333,10 @@ def _batched_steps(steps: list, admission: str, big_state: bool, blocks: int,
                 assert (fingerprint(m), len(m.index.pending_saves.withdrawn) if withdraw else 0) == before
                 continue
             left[0 if left[0] else 1] -= todo
+            # Every save point handed out is the request's when the call returns (none taken
+            # back by the same call's pages: the engine may serve it in place at once).
+            assert all(req.saves.get(sp.boundary) == sp.slot or sp.slot == req.rolling_slot
+                       for sp in a.save_points), (a.save_points, req.saves)
             handed[rid] = {sp.boundary for sp in a.save_points if sp.slot != req.rolling_slot}
             m.check_invariants()
         for w in m.take_withdrawn_saves():
