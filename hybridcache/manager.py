@@ -273,7 +273,8 @@ class HybridCacheManager(SavePointControl):
                           req.hit_tokens)
 
     def _take(self, step: _Step, tables: bool) -> tuple[CopyPlan, tuple[int, ...], tuple[SavePoint, ...], dict]:
-        """Take what a counted step that fits needs: the hit, slots, pages, save points.
+        """Take what a counted step that fits needs: the hit, slots, the rules' save points
+        (before the pages when the room holds both: ``_rule_saves_first``), pages, spares.
 
         Returns ``(copies, drafts, saves, block_table)``; the block table (a copy of the
         request's page tables) only if ``tables``, else empty: a shadow's replay
