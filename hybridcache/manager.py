@@ -318,8 +318,7 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.step_start = start
-        with self.index.slot_batch():
-            saves = self._schedule_saves(req, start, end, rule_saves)
+        saves = self._schedule_saves(req, start, end, rule_saves)
         return copies, drafts, saves, block_table
 
     def _hit(self, req: Request) -> _Hit:

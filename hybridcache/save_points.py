@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from hybridcache.admission import admission_points, spare_points
 from hybridcache.errors import InvalidRequestError
@@ -22,15 +22,6 @@ from hybridcache.plans import SavePoint
 
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
-
-
-class RuleSaves(NamedTuple):
-    """The admission rules' save points of a step: the boundaries ``wanted``
-    (``admission_points``) and, if their slots were taken before the step's pages, the save
-    points ``taken`` (:meth:`SavePointControl._rule_saves_first`)."""
-
-    wanted: list[tuple[int, bool]]
-    taken: list[SavePoint] | None
 
 
 class SavePointControl:
@@ -48,10 +39,10 @@ class SavePointControl:
     _seen: dict[bytes, int]
     _get: Callable[[str], Request]
 
-    def _rule_saves_first(self, req: Request, start: int, end: int, page_units: int) -> RuleSaves:
+    def _rule_saves_first(self, req: Request, start: int, end: int, page_units: int) -> list[SavePoint] | None:
         """The admission rules' save points in ``(start, end]``, their slots taken *before*
-        the step's ``page_units`` units of pages when the room holds both (else left for
-        :meth:`_schedule_saves`, after the pages, as room allows).
+        the step's ``page_units`` units of pages when the room holds both; ``None`` when it
+        does not (:meth:`_schedule_saves` takes them after the pages, as room allows).
 
         Why before: a slot needs an empty block whenever a state outweighs a page (one slot
         per block, :mod:`hybridcache.room`). After the pages, the step's own pages are
@@ -63,26 +54,36 @@ class SavePointControl:
         Counted first (``fits``), so taking them never leaves the pages short; counted
         without the slots a batching engine's step may take back
         (:mod:`hybridcache.pending_saves`), or the pages could take back these very save
-        points (the latest grants) after the allocation had handed them out.
+        points (the latest grants) after the allocation had handed them out. The refused
+        count is rare (the room holds the pages and ``len(wanted)`` more blocks unless
+        nearly everything cached is held), so the rules' points are then worked out again
+        rather than carried on every step.
         """
         if not self.has_state:
-            return RuleSaves([], None)
+            return []
         wanted = admission_points(self.admission, req, start, end, self.unit)
-        if not wanted or not self._fits(page_units, len(wanted), take_back=False):
-            return RuleSaves(wanted, None)
+        if not wanted:
+            return []
+        if not self._fits(page_units, len(wanted), take_back=False):
+            return None
         with self.index.slot_batch():
-            return RuleSaves(wanted, self._rule_saves(req, wanted))
+            return self._rule_saves(req, wanted)
 
-    def _schedule_saves(self, req: Request, start: int, end: int, rules: RuleSaves) -> tuple[SavePoint, ...]:
+    def _schedule_saves(self, req: Request, start: int, end: int, taken: list[SavePoint] | None) -> tuple[SavePoint, ...]:
         """The step's save points in ``(start, end]``: the admission rules' (each with a slot,
-        evicting for it; the turn-end one in the request's rolling slot), unless
-        :meth:`_rule_saves_first` took them already, then the spare ones."""
+        evicting for it; the turn-end one in the request's rolling slot), ``taken`` already
+        by :meth:`_rule_saves_first` unless ``None``, then the spare ones."""
         if not self.has_state:
             return ()  # no state: no save point, whatever admission wants
-        out = rules.taken if rules.taken is not None else self._rule_saves(req, rules.wanted)
-        if self.admission.spare_interval or self.admission.spare_suffix_start:  # the adaptive policy's
-            out += self._spare_saves(req, start, end)
-        return tuple(out)
+        spares = self.admission.spare_interval or self.admission.spare_suffix_start  # the adaptive policy's
+        if taken is not None and not spares:
+            return tuple(taken)
+        with self.index.slot_batch():
+            if taken is None:
+                taken = self._rule_saves(req, admission_points(self.admission, req, start, end, self.unit))
+            if spares:
+                taken += self._spare_saves(req, start, end)
+        return tuple(taken)
 
     def _rule_saves(self, req: Request, wanted: list[tuple[int, bool]]) -> list[SavePoint]:
         """Slots for the admission rules' save points ``wanted`` (``admission_points``), each

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 import pytest
 
@@ -35,13 +36,20 @@ def _second_half(run: Replay) -> float:
     return (run.hit_tokens - hit) / total if total else 0.0
 
 
-def fixed_rates(trace: Trace, spec, capacity: int) -> dict[str, float]:
-    """Second-half token hit rate of every candidate setting replayed as a fixed policy."""
+def whole_trace(run: Replay) -> float:
+    """Token hit rate over the whole trace."""
+    run.advance()
+    return run.hit_tokens / sum(run.tally.prompt.values())
+
+
+def fixed_rates(trace: Trace, spec, capacity: int, measure: Callable[[Replay], float] = _second_half) -> dict[str, float]:
+    """Token hit rate (second half unless ``measure`` says otherwise) of every candidate
+    setting replayed as a fixed policy."""
     out = {}
     for c in candidate_settings(spec, 16):
         run = Replay(trace, spec, capacity, dataclasses.replace(ADAPTIVE, admission=c.admission, min_seen=c.min_seen))
         set_weighting(run.mgr, c.weighting)
-        out[c.name] = _second_half(run)
+        out[c.name] = measure(run)
     return out
 
 

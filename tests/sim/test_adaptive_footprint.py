@@ -14,13 +14,13 @@ from __future__ import annotations
 import pytest
 
 import hybridcache.adaptive as adaptive
-from hybridcache.adoption import set_weighting
 from hybridcache.candidates import candidate_settings
 from hybridcache.manager import CacheConfig
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
+from tests.sim.test_adaptive import fixed_rates, whole_trace
 
 ADAPTIVE = CacheConfig(hash_unit=16, admission="adaptive", eviction="value")
 
@@ -70,12 +70,7 @@ def test_a_miniature_too_small_for_its_contexts_is_enlarged(monkeypatch):
     enough to keep 0.912 against 0.860, and the test asserted the gain."""
     spec = get_preset("qwen3-next-80b")
     trace = Trace("<agentic>", "tokens", generate("agentic", 200, seed=0, tenants=2))
-    fixed = {}
-    for c in candidate_settings(spec, 16):
-        run = Replay(trace, spec, 4 << 30, CacheConfig(hash_unit=16, admission=c.admission, min_seen=c.min_seen))
-        set_weighting(run.mgr, c.weighting)
-        run.advance()
-        fixed[c.name] = run.hit_tokens / sum(run.tally.prompt.values())
+    fixed = fixed_rates(trace, spec, 4 << 30, whole_trace)
     leader = max(fixed, key=fixed.__getitem__)
     assert leader != candidate_settings(spec, 16)[0].name  # the case is one
 
