@@ -31,8 +31,9 @@ instead of guessing:
   always look better), the one that saved the most prefill FLOPs over a recent window,
   once it beat the current one by ``SWITCH_MARGIN`` at ``CONFIRM`` evaluations in a row
   (hysteresis: a tie or a short-lived lead never flips the policy back and forth) and,
-  for miniature shadows, by ``Z_SWITCH`` standard errors of its paired per-request lead
-  (with the finite-population correction, ``sqrt(1 - rate)``).
+  by ``Z_SWITCH`` standard errors of its paired per-request lead for miniature shadows
+  (with the finite-population correction, ``sqrt(1 - rate)``), and by ``Z_FLOOR`` at any
+  rate (exact shadows know the past, not the requests to come).
   Beside that count, after every fed request a sequential test (:mod:`hybridcache.decision`)
   adopts a candidate whose paired lead, counted from its own pressure onset, clears a
   confidence sequence's boundary: a clear lead is taken without waiting out the count. The
@@ -105,13 +106,24 @@ ALPHA = 0.05
 #: standard errors above zero over at least MIN_PAIRS requests, with the finite-population
 #: correction of sampling without replacement (``Z_SWITCH * sqrt(1 - rate)``): a shadow that
 #: sees all but a few of the requests (rate 0.98 at 2 GiB: 48 of 49 blocks) has almost no
-#: sampling error, and at rate 1 the margin rule alone decides (with the full test, 300
-#: chat requests at 1 GiB never switched to the candidate that was 0.02 better). Without the
+#: sampling error (with the full test at rate 1, 300 chat requests at 1 GiB never switched
+#: to the candidate that was 0.02 better; the bound never falls below :data:`Z_FLOOR`). Without the
 #: test, shadows that hit on a handful of Mooncake's 121 sampled requests at 8 GiB switched
 #: on those (0.097 against the fixed setting's 0.109; at that rate, 0.25, the corrected
 #: bound is 1.73, and it still does not switch).
 Z_SWITCH = 2.0
 MIN_PAIRS = 24.0
+#: ... and, whatever the rate, the lead must stand one standard error above zero. The
+#: correction above is about the requests *seen* (a shadow at rate 1 knows their figures
+#: exactly); a switch is a bet on the requests to come, and the spread of the paired
+#: per-request difference is the workload's own noise, which no rate removes. Without it,
+#: exact shadows switched on any lead over the 0.3 % margin held for 24 requests:
+#: qwen3-next-80b mixed:9 at 1 GiB switched five times in 200 requests (to a setting
+#: that ends at 0.19 as a fixed policy) and ended at 0.263 against its starting
+#: setting's 0.329 (0.314 with the floor). One standard error, not ``Z_SWITCH``: the
+#: full test at rate 1 never switched on 300 chat requests at 1 GiB where a candidate was
+#: 0.02 better (docs/results.md, "A floor under the z test").
+Z_FLOOR = 1.0
 #: The count rule's hysteresis: the lead must hold at this many evaluations in a row, over
 #: about ``MIN_PAIRS`` fed requests, the sample the z test asks for at least. Six (48
 #: requests), with the full z test, decided later than the evidence allowed: 3 with the
@@ -460,8 +472,9 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
 
     def _z_needed(self) -> float:
         """The count rule's z bound: :data:`Z_SWITCH` with the finite-population correction
-        (a sample of ``rate`` of the requests, drawn without replacement)."""
-        return Z_SWITCH * math.sqrt(1.0 - self.rate)
+        (a sample of ``rate`` of the requests, drawn without replacement), never below
+        :data:`Z_FLOOR` (the requests to come are not in any sample)."""
+        return max(Z_SWITCH * math.sqrt(1.0 - self.rate), Z_FLOOR)
 
     def _follow_best(self) -> None:
         """Adopt the leading candidate once it led by the margin at ``CONFIRM`` evaluations
@@ -476,8 +489,8 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
 
         It must also be significant: each shadow keeps the paired per-request difference
         against the current candidate (:class:`~hybridcache.shadow.PairedDifference`), and
-        the leader's must be :meth:`_z_needed` standard errors above zero when the shadows
-        are miniatures (rate < 1). As the only rule (at
+        the leader's must be :meth:`_z_needed` standard errors above zero (at least
+        :data:`Z_FLOOR`, for exact shadows too). As the only rule (at
         3 standard errors) it never switched on 300 chat requests at 1 GiB where the
         margin rule does; as a second condition it stops switches on a handful of hits.
         """
@@ -501,7 +514,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
             return
         name, times = self._lead
         self._lead = (best.name, times + 1 if name == best.name else 1)
-        if self._lead[1] >= CONFIRM and (self.rate >= 1.0 or best.pair.z(MIN_PAIRS) >= self._z_needed()):
+        if self._lead[1] >= CONFIRM and best.pair.z(MIN_PAIRS) >= self._z_needed():
             self._adopt(best)
 
     def _adopt(self, best: ShadowCache) -> None:

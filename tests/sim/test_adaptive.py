@@ -105,6 +105,11 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: while as a fixed policy it rose to 0.864; the spare checkpoints cost the starting setting
 #: 0.023 of this second half, 0.0005 before: 0.807 against 0.784; over the whole trace
 #: that setting with its spares keeps what it kept before, within 0.1 %).
+#: On 2026-12-06 the count rule's z bound got its floor of one standard error at every rate
+#: (``Z_FLOOR``; docs/results.md, "A floor under the z test"): mixed 0.013 -> -0.035 (the
+#: switches at 56 and 88, to ``no-prompt-end`` and back, are no longer made: 0.707 against
+#: the best fixed candidate's 0.672), the other cases unchanged (agent 0.008, agentic 0.015,
+#: chat at 4 GiB -0.004; chat at 1 GiB 0.003, docs 0.080).
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -126,7 +131,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("agent", 300, 2, 0.008), ("mixed", 300, 2, 0.013), ("agentic", 300, 2, 0.015), ("chat", 400, 4, 0.007)])
+    ("agent", 300, 2, 0.008), ("mixed", 300, 2, 0.0), ("agentic", 300, 2, 0.015), ("chat", 400, 4, 0.007)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -402,17 +407,20 @@ def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
     """At 2 GiB a shadow keeps 48 of the live cache's 49 blocks (rate 0.98): it sees almost
     every request, so its lead has almost no sampling error, and the count rule's z bound
     is corrected for that (``Z_SWITCH * sqrt(1 - rate)``, 0.28 here; the full bound at rate
-    0, none at rate 1). Agent sessions, seed 11, 200 requests: the corrected rule takes
-    ``no-prompt-end`` at request 128; held to the full bound of 2, at 152, and keeps less
-    (0.7965 against 0.7886, measured 2026-12-05 with the checkpoints and turn ends a session
-    went past ranked first; seed 9, used until then, 56 against 168, now switches at 168 or
-    not at all). Fails without the correction."""
+    0), though never below ``Z_FLOOR`` (1: the requests to come are in no sample). Agent
+    sessions, seed 11, 200 requests: the bound of 1 takes ``no-prompt-end`` at request 136;
+    held to the full bound of 2, at 152, and keeps less (0.8046 against 0.7907, measured
+    2026-12-06; 128 and 0.8005 with the corrected bound alone). Fails without the
+    correction."""
     import hybridcache.adaptive as adaptive
 
     m = AdaptiveManager(kimi, 2 << 30, ADAPTIVE)
-    assert 0.9 < m.rate < 1.0 and m._z_needed() == pytest.approx(adaptive.Z_SWITCH * math.sqrt(1.0 - m.rate))
+    assert 0.9 < m.rate < 1.0 and m._z_needed() == adaptive.Z_FLOOR
+    m.rate = 0.25
+    assert m._z_needed() == pytest.approx(adaptive.Z_SWITCH * math.sqrt(0.75))
+    assert m._z_needed() > adaptive.Z_FLOOR
     m.rate = 1.0
-    assert m._z_needed() == 0.0
+    assert m._z_needed() == adaptive.Z_FLOOR > 0.0
     trace = Trace("<agent:11>", "tokens", generate("agent", 200, seed=11, tenants=2))
     runs = {}
     for corrected in (True, False):
@@ -422,7 +430,7 @@ def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
         run.advance()
         runs[corrected] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
     (fast, fast_hit), (slow, slow_hit) = runs[True], runs[False]
-    assert fast[1][1] == "no-prompt-end" and fast[1][0] + 24 <= slow[1][0], (fast, slow)
+    assert fast[1][1] == "no-prompt-end" and fast[1][0] + 16 <= slow[1][0], (fast, slow)
     assert fast_hit > slow_hit + 0.005, (fast_hit, slow_hit)
 
 

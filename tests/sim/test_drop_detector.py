@@ -17,6 +17,8 @@ the policy ends below it on seeds 0-3 (by 0.003-0.012; docs/results.md, "Save po
 the step's pages"). On seed 2 the fall is flagged at 871 and gains nothing (0.903 either
 way); the test moved to seed 1, where the fall is flagged at 431 and the re-exploration
 gains 0.011 (0.925 against 0.914; the default 0.934). Seed 0: 799, 0.902 against 0.894.
+Since the count rule's z bound has a floor (2026-12-06) seed 1 gains 0.007 (0.921: SGLang's
+setting is taken at 550, not 486).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def test_a_fall_of_the_live_hits_makes_the_policy_explore_again(monkeypatch):
     without, drops_without = _replay(4, adaptive_cfg, False, monkeypatch)
     with_, drops = _replay(4, adaptive_cfg, True, monkeypatch)
     assert not drops_without and drops == [431]
-    assert with_ > without + 0.005  # measured 0.9250 against 0.9138
+    assert with_ > without + 0.005  # measured 0.9213 against 0.9138 (0.9250 before the z floor)
     assert adaptive.SHIFT_DETECTION
     if with_ < base - 0.002:  # the default: 0.9342 (issue 16's target, missed here)
         pytest.xfail(f"adaptive {with_:.4f} below the library default {base:.4f} (docs/adaptive.md)")
