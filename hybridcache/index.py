@@ -383,7 +383,9 @@ class PrefixIndex(ChainWalks):
             self.kv_q.run_changed(node.run)  # a stranded tail may be usable now
 
     def demote_snapshot(self, node: UnitHandle) -> None:
-        """Rank ``node``'s queued snapshot before every other evictable entry."""
+        """Rank ``node``'s queued snapshot at the floor of both queues, before every entry
+        ranked above it. KV at the floor (stranded tails) wins the tie, so where all KV is
+        stranded a page allocation takes it first (``tests/core/test_demoted_ties.py``)."""
         node.snap_demoted = True  # kept through a policy switch (hybridcache.policy_switch)
         self._rank_first(node)
 
