@@ -6,9 +6,9 @@ KV is all stranded, a page allocation never evicts the demoted spare checkpoints
 fixed setting that saves a state only for a boundary seen twice (``min_seen=2``) with
 ``spare-interval``, the spares the first requests left in free room hold most of the arena
 for good (documents, seed 18, 1 GiB: 17 of 24 blocks to the end of the trace, hit rate 0.250
-against 0.443 without the spares). The live adaptive cache does not reach it: its
-``seen-twice`` settings are adopted once the free room is gone, and the starting setting's
-save points evict spares through slot allocations.
+against 0.443 without the spares). The live adaptive cache did not reach it on the cells
+checked: its ``seen-twice`` settings are adopted once the free room is gone, and the
+starting setting's save points evict spares through slot allocations.
 
 Giving demoted snapshots the tie fixes that configuration, and was measured on the
 generated sweeps (docs/results.md, "A floor under the z test", tried and not kept): 37 -> 45

@@ -427,8 +427,7 @@ def test_near_exact_shadows_are_not_held_to_the_full_z_test(kimi, monkeypatch):
         if not corrected:
             monkeypatch.setattr(AdaptiveManager, "_z_needed", lambda self: adaptive.Z_SWITCH)
         run = Replay(trace, kimi, 2 << 30, ADAPTIVE)
-        run.advance()
-        runs[corrected] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
+        runs[corrected] = (run.mgr.switches, whole_trace(run))
     (fast, fast_hit), (slow, slow_hit) = runs[True], runs[False]
     assert fast[1][1] == "no-prompt-end" and fast[1][0] + 16 <= slow[1][0], (fast, slow)
     assert fast_hit > slow_hit + 0.005, (fast_hit, slow_hit)

@@ -33,6 +33,5 @@ def test_adopting_marconi_switches_the_live_eviction_policy(kimi, monkeypatch):
     assert mgr.index.eviction == mgr.config.eviction == "value"
     run.advance()
     mgr.check_invariants()
-    if mgr.current == "marconi":  # adopted again on the last 60 requests
-        assert mgr.index.eviction == "marconi"
+    assert mgr.index.eviction == mgr.config.eviction == ("marconi" if mgr.current == "marconi" else "value")
     assert mgr.clear() > 0 and mgr.arena.pages_in_use == 0 and mgr.arena.slots_in_use == 0

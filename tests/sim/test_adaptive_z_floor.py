@@ -7,13 +7,11 @@ that holds for 24 requests."""
 from __future__ import annotations
 
 from hybridcache import adaptive
-from hybridcache.manager import CacheConfig
 from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
-
-ADAPTIVE = CacheConfig(hash_unit=16, admission="adaptive", eviction="value")
+from tests.sim.test_adaptive import ADAPTIVE, whole_trace
 
 
 def test_exact_shadows_do_not_switch_on_a_lead_inside_the_noise(monkeypatch):
@@ -29,8 +27,6 @@ def test_exact_shadows_do_not_switch_on_a_lead_inside_the_noise(monkeypatch):
         monkeypatch.setattr(adaptive, "Z_FLOOR", floor)
         run = Replay(trace, spec, 1 << 30, ADAPTIVE)
         assert run.mgr.rate == 1.0
-        run.advance()
-        out[floor] = (run.mgr.switches, run.hit_tokens / sum(run.tally.prompt.values()))
+        out[floor] = (run.mgr.switches, whole_trace(run))
     (kept, kept_hit), (noisy, noisy_hit) = out[floor_in_force], out[0.0]
     assert len(kept) < len(noisy) and kept_hit > noisy_hit + 0.02, (out,)
-
