@@ -334,18 +334,38 @@ def test_stored_memory_expires_without_a_probe(redis_url, make_tier, redis_serve
 # ---------------------------------------------------------------------- maxmemory
 
 
+# name, PTTL, and the first 16 bytes of each string key (a manifest's generation), atomically.
+_CENSUS_SCRIPT = """
+local out = {}
+for _, n in ipairs(redis.call('KEYS', '*')) do
+  local head = ''
+  if redis.call('TYPE', n).ok == 'string' then head = redis.call('GETRANGE', n, 0, 15) end
+  out[#out + 1] = n
+  out[#out + 1] = redis.call('PTTL', n)
+  out[#out + 1] = head
+end
+return out
+"""
+
+
 def _key_census(r) -> tuple[list[str], list[str]]:
-    """(orphan chunk keys, chunk keys without a TTL) of the whole database."""
-    names = {n.decode() for n in r.keys("*")}
+    """(orphan chunk keys, chunk keys without a TTL) of the whole database.
+
+    One atomic view, taken by a script: Redis evicts before any command once memory is over
+    ``maxmemory``, reads included, so under ``allkeys-lru`` a key listed by one ``KEYS`` may
+    be gone by a later ``PTTL`` (-2), which is not a key without a TTL (-1)."""
+    flat = r.eval(_CENSUS_SCRIPT, 0)
+    pttl = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 3)}
+    head = {flat[i].decode(): flat[i + 2] for i in range(0, len(flat), 3)}
     orphans, no_ttl = [], []
-    for n in names:
+    for n, ttl_ms in pttl.items():
         m = _CHUNK_RE.fullmatch(n)
         if m is None:
             continue
-        manifest = r.get(m.group(1))
-        if manifest is None or manifest[:16].decode() != m.group(2):
+        manifest = head.get(m.group(1))
+        if not manifest or manifest.decode() != m.group(2):
             orphans.append(n)
-        if r.pttl(n) < 0:
+        if ttl_ms == -1:
             no_ttl.append(n)
     return orphans, no_ttl
 
@@ -358,7 +378,7 @@ def _fill(tier: RedisTier, tally: Tally, r, n: int, ttl_s: float | None) -> dict
         entry = Entry({"kv": np.full(700_000 + i, i % 251, np.uint8), "s": np.arange(i + 1)})
         written[k] = entry
         tally.call(lambda k=k, entry=entry: tier.put(k, entry, ttl_s=ttl_s))
-        tier.flush(10)
+        assert tier.flush(30), "a put still in flight: the census would see it half-written"
     return written
 
 
