@@ -16,8 +16,8 @@ Prints, per capacity and policy, the median and 90th percentile of the swing
 ``|hit(C + k) - hit(C - k)|`` and how many cells *lose* more than the tolerance when a
 block is added (a policy whose hit rate falls with more memory is following its history);
 then, for ``hybridcache-adaptive``, how many cells are behind the best other policy at
-each of the three capacities and in how many the verdict at ``C`` differs from one at
-``C - k`` or ``C + k``.
+each of the three capacities, in how many the verdict at ``C`` differs from one at
+``C - k`` or ``C + k``, and how many are behind on each policy's mean over the three.
 """
 
 from __future__ import annotations
@@ -59,18 +59,22 @@ def one_cell(trace: Trace, model: str, gib: int, k: int) -> dict:
     return {"cell": f"{trace.path.strip('<>')}@{gib}", "gib": gib, "block_mib": b / 2**20, "rates": rates}
 
 
-def behind(rates: dict[str, list[float]], i: int) -> bool:
-    """Whether the adaptive policy is behind the best other at capacity index ``i``."""
-    best = max(v[i] for p, v in rates.items() if p != ADAPTIVE)
-    return rates[ADAPTIVE][i] < best - TOLERANCE
+def behind(rates: dict[str, list[float]], i: int | None) -> bool:
+    """Whether the adaptive policy is behind the best other at capacity index ``i``
+    (``None``: on each policy's mean over the three capacities, a verdict the history of
+    one capacity moves less)."""
+    def at(v: list[float]) -> float:
+        return sum(v) / len(v) if i is None else v[i]
+    best = max(at(v) for p, v in rates.items() if p != ADAPTIVE)
+    return at(rates[ADAPTIVE]) < best - TOLERANCE
 
 
 def summary(rows: list[dict]) -> str:
     """The Markdown tables described in the module docstring."""
     lines = ["| GiB | policy | cells | median swing | p90 swing | cells losing > tolerance with a block more |",
              "|---:|---|---:|---:|---:|---:|"]
-    verdict = ["", "| GiB | cells | behind at C - k / C / C + k | verdict at C differs from C - k or C + k |",
-               "|---:|---:|---|---:|"]
+    verdict = ["", "| GiB | cells | behind at C - k / C / C + k | verdict at C differs from C - k or C + k "
+               "| behind on the three capacities' mean |", "|---:|---:|---|---:|---:|"]
     for gib in sorted({r["gib"] for r in rows}):
         at = [r for r in rows if r["gib"] == gib]
         for policy in at[0]["rates"]:
@@ -83,7 +87,8 @@ def summary(rows: list[dict]) -> str:
             counts = [sum(behind(r["rates"], i) for r in at) for i in range(3)]
             flips = sum(behind(r["rates"], 1) != behind(r["rates"], 0) or behind(r["rates"], 1) != behind(r["rates"], 2)
                         for r in at)
-            verdict.append(f"| {gib} | {len(at)} | {' / '.join(map(str, counts))} | {flips} |")
+            mean = sum(behind(r["rates"], None) for r in at)
+            verdict.append(f"| {gib} | {len(at)} | {' / '.join(map(str, counts))} | {flips} | {mean} |")
     return "\n".join(lines + verdict)
 
 
