@@ -25,17 +25,17 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hybridcache.manager import CacheConfig, HybridCacheManager
+from hybridcache.presets import get_preset
+from hybridcache.sim.generate import generate
+from hybridcache.sim.traces import Trace
 
-from sweep_adaptive import TOLERANCE, sweep_available  # noqa: E402
-
-from hybridcache.manager import CacheConfig, HybridCacheManager  # noqa: E402
-from hybridcache.presets import get_preset  # noqa: E402
-from hybridcache.sim.generate import generate  # noqa: E402
-from hybridcache.sim.traces import Trace  # noqa: E402
+try:
+    from benchmarks.sweep_adaptive import TOLERANCE, sweep_available
+except ImportError:  # run as a script (the documented command): benchmarks/ is on sys.path
+    from sweep_adaptive import TOLERANCE, sweep_available
 
 ADAPTIVE = "hybridcache-adaptive"
 LEFT_OUT = ("kv-only",)  # the bound, not a peer
@@ -46,7 +46,7 @@ def block_bytes(model: str, capacity: int) -> int:
     return HybridCacheManager(get_preset(model), capacity, CacheConfig(hash_unit=16)).layout.block_bytes
 
 
-def one_cell(trace: Trace, model: str, gib: int, k: int) -> dict:
+def one_cell(trace: Trace, label: str, model: str, gib: int, k: int) -> dict:
     """Hit rates of every policy at ``gib`` GiB and ``k`` blocks either side."""
     c = gib << 30
     b = block_bytes(model, c)
@@ -56,7 +56,7 @@ def one_cell(trace: Trace, model: str, gib: int, k: int) -> dict:
     for r in doc["results"]:
         if r["policy"] not in LEFT_OUT:
             rates.setdefault(r["policy"], [0.0, 0.0, 0.0])[caps.index(r["capacity_bytes"])] = r["token_hit_rate"]
-    return {"cell": f"{trace.path.strip('<>')}@{gib}", "gib": gib, "block_mib": b / 2**20, "rates": rates}
+    return {"cell": f"{label}@{gib}", "gib": gib, "block_mib": b / 2**20, "rates": rates}
 
 
 def behind(rates: dict[str, list[float]], i: int | None) -> bool:
@@ -107,9 +107,10 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for kind in args.kinds.split(","):
         for seed in (int(s) for s in args.seeds.split(",")):
-            t = Trace(f"<{kind}:{seed}>", "tokens", generate(kind, args.requests, seed=seed, tenants=2))
+            label = f"{kind}:{seed}"
+            t = Trace(f"<{label}>", "tokens", generate(kind, args.requests, seed=seed, tenants=2))
             for gib in (int(g) for g in args.capacities.split(",")):
-                rows.append(one_cell(t, args.model, gib, args.blocks))
+                rows.append(one_cell(t, label, args.model, gib, args.blocks))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(summary(rows))

@@ -4,19 +4,7 @@ answers are known."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _module():
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("capacity_jitter", REPO / "benchmarks" / "capacity_jitter.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+from benchmarks import capacity_jitter as mod
 
 
 def _row(gib: int, adaptive: list[float], peer: list[float]) -> dict:
@@ -25,7 +13,6 @@ def _row(gib: int, adaptive: list[float], peer: list[float]) -> dict:
 
 
 def test_summary_counts_swings_losses_and_flips():
-    mod = _module()
     rows = [
         _row(1, [0.50, 0.47, 0.52], [0.49, 0.49, 0.49]),  # adaptive dips at C: behind there only
         _row(1, [0.60, 0.61, 0.62], [0.60, 0.60, 0.60]),  # monotone, never behind
@@ -42,5 +29,4 @@ def test_summary_counts_swings_losses_and_flips():
 
 
 def test_a_block_is_a_state_slot_of_the_model():
-    mod = _module()
     assert 40 << 20 < mod.block_bytes("kimi-linear-48b", 1 << 30) < 42 << 20

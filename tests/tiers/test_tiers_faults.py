@@ -355,14 +355,13 @@ def _key_census(r) -> tuple[list[str], list[str]]:
     ``maxmemory``, reads included, so under ``allkeys-lru`` a key listed by one ``KEYS`` may
     be gone by a later ``PTTL`` (-2), which is not a key without a TTL (-1)."""
     flat = r.eval(_CENSUS_SCRIPT, 0)
-    pttl = {flat[i].decode(): flat[i + 1] for i in range(0, len(flat), 3)}
-    head = {flat[i].decode(): flat[i + 2] for i in range(0, len(flat), 3)}
+    keys = {flat[i].decode(): (flat[i + 1], flat[i + 2]) for i in range(0, len(flat), 3)}
     orphans, no_ttl = [], []
-    for n, ttl_ms in pttl.items():
+    for n, (ttl_ms, _) in keys.items():
         m = _CHUNK_RE.fullmatch(n)
         if m is None:
             continue
-        manifest = head.get(m.group(1))
+        manifest = keys.get(m.group(1), (None, b""))[1]
         if not manifest or manifest.decode() != m.group(2):
             orphans.append(n)
         if ttl_ms == -1:
