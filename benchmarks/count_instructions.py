@@ -20,7 +20,10 @@ trace and the constructor cancel). Settings, each over the library's default
 (``CacheConfig(hash_unit=16)``, ``fixed``):
 
 - ``start``: the adaptive policy's starting candidate as a fixed setting;
-- ``spares``: that plus the live cache's spare checkpoints (``spare-interval``);
+- ``spares``: that plus the live cache's spares: checkpoints in free room
+  (``spare-interval``) and a sibling's resume point (``spare-suffix-start``, which tracks
+  where matches stop on every request; it was counted in the sampling step until
+  2026-12-06, about a third of that step's figure);
 - ``no-replays``: the adaptive manager with its shadows never fed (the sampling step, the
   chain keys, the change detector, the spares): the probe process replaces
   ``AdaptiveManager._observe`` with a no-op, a measurement switch the library does not have;
@@ -61,7 +64,7 @@ def probe(setting: str, mode: str, args: argparse.Namespace) -> None:
     spec, cap = get_preset(args.model), parse_size(args.capacity)
     reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants)
     first = candidate_settings(spec, 16)[0]
-    spares = f"{first.admission}+spare-interval:{spare_interval(spec, 16)}"
+    spares = f"{first.admission}+spare-interval:{spare_interval(spec, 16)}+spare-suffix-start"
     config = {
         "fixed": CacheConfig(hash_unit=16),
         "start": CacheConfig(hash_unit=16, admission=first.admission, min_seen=first.min_seen),
