@@ -20,9 +20,10 @@ trace and the constructor cancel). Settings, each over the library's default
 (``CacheConfig(hash_unit=16)``, ``fixed``):
 
 - ``start``: the adaptive policy's starting candidate as a fixed setting;
-- ``spares``: that plus the live cache's spares: checkpoints in free room
-  (``spare-interval``) and a sibling's resume point (``spare-suffix-start``, which tracks
-  where matches stop on every request; it was counted in the sampling step until
+- ``spares``: a fixed manager running the adaptive manager's live admission, taken from a
+  built one: the starting candidate's rules plus the live cache's spares, checkpoints in
+  free room (``spare-interval``) and a sibling's resume point (``spare-suffix-start``, which
+  tracks where matches stop on every request; it was counted in the sampling step until
   2026-12-06, about a third of that step's figure);
 - ``no-replays``: the adaptive manager with its shadows never fed (the sampling step, the
   chain keys, the change detector, the spares): the probe process replaces
@@ -55,7 +56,7 @@ def probe(setting: str, mode: str, args: argparse.Namespace) -> None:
     from bench_manager import serve_requests
 
     import hybridcache.adaptive as adaptive_module
-    from hybridcache.adaptive import candidate_settings, spare_interval
+    from hybridcache.adaptive import candidate_settings
     from hybridcache.manager import CacheConfig, HybridCacheManager
     from hybridcache.presets import get_preset
     from hybridcache.sim.generate import generate
@@ -64,11 +65,10 @@ def probe(setting: str, mode: str, args: argparse.Namespace) -> None:
     spec, cap = get_preset(args.model), parse_size(args.capacity)
     reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants)
     first = candidate_settings(spec, 16)[0]
-    spares = f"{first.admission}+spare-interval:{spare_interval(spec, 16)}+spare-suffix-start"
     config = {
         "fixed": CacheConfig(hash_unit=16),
         "start": CacheConfig(hash_unit=16, admission=first.admission, min_seen=first.min_seen),
-        "spares": CacheConfig(hash_unit=16, admission=spares, min_seen=first.min_seen),
+        "spares": CacheConfig(hash_unit=16, admission=first.admission, min_seen=first.min_seen),
         "no-replays": CacheConfig(hash_unit=16, admission="adaptive"),
         "adaptive": CacheConfig(hash_unit=16, admission="adaptive"),
     }[setting]
@@ -76,6 +76,10 @@ def probe(setting: str, mode: str, args: argparse.Namespace) -> None:
         adaptive_module.AdaptiveManager._observe = lambda self, *a: None  # type: ignore[method-assign]
     HybridCacheManager(spec, cap, config)
     manager = HybridCacheManager(spec, cap, config)
+    if setting == "spares":
+        # What the adaptive manager runs live (hybridcache.adaptive, ``_use``), read off a
+        # built one rather than spelled again here, so the split follows it.
+        manager.admission = HybridCacheManager(spec, cap, CacheConfig(hash_unit=16, admission="adaptive")).admission
     if mode == "serve":
         serve_requests(manager, reqs)
 
