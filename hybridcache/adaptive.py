@@ -64,7 +64,7 @@ from hybridcache.candidates import SPARE_DENSITY as SPARE_DENSITY
 from hybridcache.candidates import Candidate as Candidate
 from hybridcache.candidates import candidate_settings, spare_interval
 from hybridcache.config import CacheConfig
-from hybridcache.decision import PairTable, anytime_threshold, count_carries, upper_bound
+from hybridcache.decision import PairTable, anytime_threshold, upper_bound
 from hybridcache.errors import ConfigError
 from hybridcache.manager import HybridCacheManager
 from hybridcache.requests import Request
@@ -513,19 +513,9 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
             self._lead = (None, 0)
             return
         name, times = self._lead
-        self._lead = (best.name, times + 1 if name == best.name or self._carries(name, best, cur) else 1)
+        self._lead = (best.name, times + 1 if name == best.name else 1)
         if self._lead[1] >= CONFIRM and best.pair.z(MIN_PAIRS) >= self._z_needed():
             self._adopt(best)
-
-    def _carries(self, name: str | None, best: ShadowCache, cur: ShadowCache) -> bool:
-        """Whether the count passes from ``name``, the last leader, to ``best``: the old
-        one still leads the current one by the margin and :func:`count_carries` holds."""
-        j = next((i for i, s in enumerate(self.shadows) if s.name == name), None)
-        if j is None or j in self._retired or self.shadows[j].score <= cur.score * (1.0 + self._margin()):
-            return False
-        old = self.shadows[j]
-        between = self._pairs.lead(self.shadows.index(best), j)
-        return count_carries(old.pair, best.pair, between, self._z_needed(), Z_FLOOR, MIN_PAIRS)
 
     def _adopt(self, best: ShadowCache) -> None:
         """Make ``best``'s setting the live one (cached entries stay)."""

@@ -57,37 +57,6 @@ def upper_bound(pair: PairedDifference, alpha: float, rho: float) -> float:
     return mean + anytime_threshold(n, alpha, rho) * pair.stderr(var)
 
 
-def count_carries(old: PairedDifference, new: PairedDifference, between: PairedDifference | None,
-                  z_needed: float, z_tie: float, min_n: float) -> bool:
-    """Whether the count rule's confirmations pass from the candidate that led at the last
-    evaluation to the one that leads now, not starting again at one.
-
-    Args:
-        old: the last leader's paired lead over the current candidate.
-        new: the new leader's paired lead over the current candidate.
-        between: the new leader's paired lead over the old one (None before its onset).
-        z_needed: the z a lead over the current candidate must reach to switch.
-        z_tie: below this many standard errors the new leader's lead over the old is a tie.
-        min_n: effective samples below which a z is taken as zero.
-
-    Returns:
-        True when both leads over the current candidate are significant and the two
-        leaders are tied: the evidence to leave the current candidate stands whichever of
-        the two is ahead at the moment.
-
-    Why: two settings that keep nearly the same trade first place on noise. A count kept
-    for one name started again at each trade, so a setting both beat clearly stayed in
-    force (qwen3-next-80b agentic:9 at 2 GiB switched 16 requests later than with the count
-    carried). Carried on the margin alone (no significance asked of either lead), exact
-    shadows at 1 GiB switched on a leader a few evaluations old (mixed:11: four switches,
-    0.336 -> 0.306); a new leader clearly ahead of the old one is a new finding and starts
-    its own count.
-    """
-    if old.z(min_n) < z_needed or new.z(min_n) < z_needed:
-        return False
-    return between is None or between.z(min_n) < z_tie
-
-
 class PairTable:
     """Windowed paired differences between shadows, each row from its shadow's onset.
 
