@@ -36,12 +36,10 @@ def run_ours(spec, capacity, reqs, unit: int = 16) -> tuple[list[float], int, in
     return serve_requests(HybridCacheManager(spec, capacity, CacheConfig(hash_unit=unit)), reqs)
 
 
-def serve_requests(m: HybridCacheManager, reqs, served: list[tuple[int, int]] | None = None
-                   ) -> tuple[list[float], int, int]:
+def serve_requests(m: HybridCacheManager, reqs) -> tuple[list[float], int, int]:
     """Each request through ``m`` (match + allocate + append + commit + free): seconds per
     served request, hit tokens and prompt tokens of the served ones. Shared with
-    ``bench_adaptive.py`` so both time the same loop. ``served``, if given, gets each
-    served request's ``(hit, prompt)`` tokens (``long_cells.py`` weighs them in FLOPs)."""
+    ``bench_adaptive.py`` so both time the same loop."""
     times: list[float] = []
     hit = prompt = 0
     for i, r in enumerate(reqs):
@@ -60,8 +58,6 @@ def serve_requests(m: HybridCacheManager, reqs, served: list[tuple[int, int]] | 
         times.append(time.perf_counter() - t0)
         hit += res.hit_tokens
         prompt += r.input_length
-        if served is not None:
-            served.append((res.hit_tokens, r.input_length))
     return times, hit, prompt
 
 

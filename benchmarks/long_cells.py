@@ -28,38 +28,35 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from bench_manager import serve_requests  # noqa: E402
+from sweep_adaptive import TOLERANCE  # noqa: E402 - the sweep's "behind", here too
 
 from hybridcache.adaptive import candidate_settings, set_weighting  # noqa: E402
 from hybridcache.manager import CacheConfig, HybridCacheManager  # noqa: E402
 from hybridcache.presets import get_preset  # noqa: E402
 from hybridcache.sim.generate import generate  # noqa: E402
 
-TOLERANCE = 0.002
-
 
 def rates(manager: HybridCacheManager, reqs: list) -> tuple[float, float]:
-    """Token hit rate and prefill FLOPs saved of ``reqs`` served through ``manager``."""
-    served: list[tuple[int, int]] = []
-    _, hit, prompt = serve_requests(manager, reqs, served)
-    flops = manager.spec.flops.prefill_flops
-    total = sum(flops(0, p) for _, p in served)
-    saved = sum(flops(0, h) for h, _ in served if h)
-    return hit / max(1, prompt), saved / total if total else 0.0
+    """Token hit rate and prefill FLOPs saved of ``reqs`` served through ``manager`` (the
+    FLOPs from the manager's own counters, which count the requests the loop served)."""
+    _, hit, prompt = serve_requests(manager, reqs)
+    return hit / max(1, prompt), manager.metrics.prefill_flops_saved_frac
 
 
 def cell(model: str, kind: str, seed: int, gib: int, n: int) -> dict:
     """One trace and capacity: every candidate fixed, then the adaptive policy."""
     spec, cap = get_preset(model), gib << 30
     reqs = generate(kind, n, seed=seed, tenants=2)
+    candidates = candidate_settings(spec, 16)
     fixed: dict[str, tuple[float, float]] = {}
-    for c in candidate_settings(spec, 16):
+    for c in candidates:
         m = HybridCacheManager(spec, cap, CacheConfig(hash_unit=16, admission=c.admission, min_seen=c.min_seen))
         set_weighting(m, c.weighting)
         fixed[c.name] = rates(m, reqs)
     m = HybridCacheManager(spec, cap, CacheConfig(hash_unit=16, admission="adaptive"))
     hit, flops = rates(m, reqs)
     best = max(fixed, key=lambda name: fixed[name][0])
-    start = candidate_settings(spec, 16)[0].name
+    start = candidates[0].name
     return {
         "trace": f"{kind}:{seed}", "capacity_gib": gib, "adaptive": hit, "adaptive_flops": flops,
         "start": fixed[start][0], "best": best, "best_rate": fixed[best][0], "best_flops": fixed[best][1],
