@@ -11,6 +11,12 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
   turn of a multi-turn session or agent extends.
 - ``branch-point``: the point where the request leaves the cached KV path (Marconi): every
   later request that shares the prefix up to there can use it.
+- ``last-block:N``: the last multiple of N tokens before the prompt's last token (N a
+  multiple of the hash unit), where vLLM's align mode saves the prompt-end state (N its
+  inflated block). A sibling (another question on the same document) shares that point when
+  it lies inside the document, where ``last-token``'s point lies inside the question, which
+  no sibling shares: with ``min_seen=2`` the second question saves a state there, where
+  ``branch-point`` needs the first question's KV still cached to find the branch.
 - ``interval:N``: every N tokens (N a multiple of the hash unit), as SGLang's track interval.
 - ``chunk-end``: the end of every scheduled prefill chunk, where the engine has the state
   for free.
@@ -44,8 +50,8 @@ from hybridcache.errors import UnknownNameError
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
-ADMISSION_RULES = ("last-token", "turn-end", "branch-point", "interval", "chunk-end", "suffix-start",
-                   "spare-interval", "spare-suffix-start")
+ADMISSION_RULES = ("last-token", "last-block", "turn-end", "branch-point", "interval", "chunk-end",
+                   "suffix-start", "spare-interval", "spare-suffix-start")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,8 @@ class AdmissionPolicy:
     turn_end: bool = False
     branch_point: bool = False
     interval: int = 0
+    #: ``last-block:N``: the prompt-end state at the last multiple of N instead (0 = off).
+    last_block: int = 0
     chunk_end: bool = False
     #: ``suffix-start``: a snapshot where the request's own suffix is predicted to start
     #: (``Request.suffix_start``, set by the manager from :mod:`hybridcache.suffix_starts`).
@@ -82,7 +90,7 @@ class AdmissionPolicy:
         kw: dict[str, object] = {}
         for raw in filter(None, (p.strip() for p in text.split("+"))):
             name, _, arg = raw.partition(":")
-            if name in ("interval", "spare-interval"):
+            if name in ("interval", "spare-interval", "last-block"):
                 try:
                     n = int(arg)
                 except ValueError:
@@ -100,7 +108,7 @@ class AdmissionPolicy:
             else:
                 raise UnknownNameError(
                     f"unknown admission rule {raw!r}; known: {', '.join(ADMISSION_RULES)} "
-                    "(interval and spare-interval take :TOKENS; combine with '+', or 'none')"
+                    "(interval, spare-interval and last-block take :TOKENS; combine with '+', or 'none')"
                 )
         return cls(**kw)  # type: ignore[arg-type]
 
@@ -120,6 +128,8 @@ def admission_points(
     wanted: list[int] = []
     if policy.last_token:
         wanted.append(last_in_prompt)
+    if policy.last_block:
+        wanted.append((p - 1) // policy.last_block * policy.last_block)
     if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
         wanted.append(min(req.kv_hit_tokens, last_in_prompt))
     if policy.suffix_start and req.suffix_start:

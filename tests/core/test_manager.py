@@ -359,3 +359,20 @@ def test_a_save_point_the_room_holds_is_not_lost_to_the_steps_own_pages():
     assert res.hit_tokens == 16
     assert m.metrics.snapshots_skipped == 0
     m.check_invariants()
+
+
+def test_last_block_saves_where_siblings_share_the_boundary():
+    """``last-block:N`` saves the prompt-end state at the last multiple of N, which a
+    sibling (another question on the same document) shares when the boundary lies in the
+    document; ``last-token``'s point lies in the question, which no sibling shares."""
+    doc = list(range(100, 118))  # 18 tokens: blocks of 8 end at 8 and 16
+    first, second = doc + [1, 2, 3], doc + [7, 8, 9, 10]
+    for admission, want in (("last-block:8", 16), ("last-token", 0)):
+        m = mgr(admission=admission)
+        serve(m, "a", first)  # last-block: (21 - 1) // 8 * 8 = 16; last-token: 20
+        res, _ = serve(m, "b", second)
+        assert res.hit_tokens == want, admission
+    with pytest.raises(UnknownNameError, match="multiple of the hash unit"):
+        mgr(admission="last-block:6")
+    with pytest.raises(UnknownNameError, match="needs tokens"):
+        mgr(admission="last-block")

@@ -75,7 +75,7 @@ class ManagerMachine(RuleBasedStateMachine):
         eviction=st.sampled_from(["lru", "value", "marconi"]),
         admission=st.sampled_from(
             ["last-token+turn-end+branch-point", "chunk-end", "interval:8+turn-end", "last-token",
-             "adaptive", "last-token+spare-interval:8"]
+             "adaptive", "last-token+spare-interval:8", "last-block:8+branch-point"]
         ),
         blocks=st.integers(3, 12),
         state=st.booleans(),
