@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from hybridcache.errors import UnknownNameError
 from hybridcache.manager import CacheConfig
-from hybridcache.spec import AttentionKind, ModelSpec
+from hybridcache.spec import ModelSpec
+from hybridcache.vllm_block import vllm_align_block
 
 POLICIES = ("hybridcache", "vllm-align", "sglang", "sglang-extra", "marconi", "kv-only", "vllm-native",
             "vllm-native-best")
@@ -52,9 +53,6 @@ OPTIONAL_POLICIES = ("hybridcache-adaptive",)
 #: first. Each candidate costs one window replay; a finer grid (0.5 and 2 as well) costs
 #: twice as much and on Mooncake its window winner did no better over the whole trace.
 MARCONI_ALPHAS = (0.0, 1.0, 4.0)
-#: vLLM's default block size and the kernel alignment its MLA backends ask for.
-VLLM_DEFAULT_BLOCK = 16
-VLLM_MLA_ALIGNMENT = 128
 #: hybridcache checkpoints a long prompt every this many snapshot-equivalents of KV, so
 #: the checkpoints' bytes stay under a third of the KV they cover.
 CHECKPOINT_FACTOR = 3
@@ -105,24 +103,6 @@ def not_applicable(name: str, spec: ModelSpec) -> str | None:
 
 def round_up(n: int, unit: int) -> int:
     return max(unit, -(-n // unit) * unit)
-
-
-def vllm_align_block(spec: ModelSpec) -> int:
-    """Attention block size vLLM picks in ``align`` mode for a hybrid model.
-
-    Follows ``Platform._align_hybrid_block_size`` (vLLM 0.32): one attention *layer*'s page
-    for the block must hold one state *layer*'s page, so ``block = a * ceil(state_page /
-    (a * kv_page_per_token))`` where both pages are per layer and ``a`` is the kernel
-    alignment (16, raised to 128 for MLA models); the state page is the largest state
-    group's per-layer bytes. Attention-only models keep 16.
-    """
-    if not spec.has_state or not spec.attention_groups:
-        return VLLM_DEFAULT_BLOCK
-    kv_per_token = max(g.bytes_per_token_per_layer for g in spec.attention_groups)
-    state_page = max(g.bytes_per_layer for g in spec.state_groups)
-    mla = any(g.kind is AttentionKind.MLA for g in spec.attention_groups)
-    align = VLLM_MLA_ALIGNMENT if mla else VLLM_DEFAULT_BLOCK
-    return align * math.ceil(state_page / (align * kv_per_token))
 
 
 def checkpoint_interval(spec: ModelSpec, unit: int) -> int:

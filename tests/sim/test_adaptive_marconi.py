@@ -1,5 +1,6 @@
-"""The adaptive policy with the Marconi candidate (hybridcache.adaptive.MARCONI_CANDIDATE, not
-in the default set): adopting it switches the live cache's eviction policy mid-trace."""
+"""The adaptive policy's opt-in candidates (not in the default set): with the Marconi candidate
+(hybridcache.adaptive.MARCONI_CANDIDATE) adopting it switches the live cache's eviction
+policy mid-trace; vLLM's rules at its own block (candidates.align_blocks_candidate)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from hybridcache import adaptive
 from hybridcache.manager import CacheConfig
+from hybridcache.presets import get_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
@@ -35,3 +37,25 @@ def test_adopting_marconi_switches_the_live_eviction_policy(kimi, monkeypatch):
     mgr.check_invariants()
     assert mgr.index.eviction == mgr.config.eviction == ("marconi" if mgr.current == "marconi" else "value")
     assert mgr.clear() > 0 and mgr.arena.pages_in_use == 0 and mgr.arena.slots_in_use == 0
+
+
+def test_the_align_blocks_candidate_is_opt_in_at_vllms_block(kimi, monkeypatch):
+    """``align_blocks=True`` adds vLLM's rules at its own block (Kimi Linear 48B: 1,920
+    tokens, rounded up to the unit), which the shadows run like any other candidate; where
+    the block is the unit it is ``seen-twice-recency`` and the set does not grow."""
+    default = adaptive.candidate_settings
+    names = [c.name for c in default(kimi, 16)]
+    assert "seen-twice-blocks" not in names
+    extra = default(kimi, 16, align_blocks=True)
+    assert extra[-1] == ("seen-twice-blocks", "last-block:1920+branch-point", "recency", 2)
+    assert default(kimi, 512, align_blocks=True)[-1].admission == "last-block:2048+branch-point"
+    jamba = get_preset("jamba-mini")  # vLLM's block 80: at a 128-token unit, one unit
+    assert len(default(jamba, 128, align_blocks=True)) == len(default(jamba, 128))
+    monkeypatch.setattr(adaptive, "candidate_settings", lambda spec, unit: default(spec, unit, align_blocks=True))
+    trace = Trace("<docs>", "tokens", generate("docs", 120, seed=3, tenants=2))
+    run = Replay(trace, kimi, 4 << 30, CacheConfig(hash_unit=16, admission="adaptive"))
+    run.advance()
+    mgr = run.mgr
+    mgr.check_invariants()
+    shadow = mgr._shadow("seen-twice-blocks")
+    assert shadow.mgr.admission.last_block == 1920 and shadow.mgr.metrics.hit_tokens > 0
