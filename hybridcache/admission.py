@@ -62,7 +62,8 @@ class AdmissionPolicy:
     turn_end: bool = False
     branch_point: bool = False
     interval: int = 0
-    #: ``last-block:N``: the prompt-end state at the last multiple of N instead (0 = off).
+    #: ``last-block:N``: a state at the last multiple of N before the prompt's last token
+    #: (0 = off); with ``last-token`` as well, both points are saved.
     last_block: int = 0
     chunk_end: bool = False
     #: ``suffix-start``: a snapshot where the request's own suffix is predicted to start
