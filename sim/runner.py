@@ -16,12 +16,13 @@ from contextlib import ExitStack
 
 from tqdm import tqdm
 
-from hybridcache.errors import CapacityError
+from hybridcache.errors import CapacityError, InvalidRequestError
 from hybridcache.presets import get_preset
 from hybridcache.sim.policies import MARCONI_ALPHAS, PolicySetup, build_policy
 from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
 from hybridcache.sim.traces import Trace
+from hybridcache.spec import ModelSpec
 
 #: Marconi tunes alpha once the cache has filled: each candidate replays the trace up to
 #: TUNE_AFTER_FILL times the requests that filled it (at least TUNE_MIN_REQUESTS, at most
@@ -135,9 +136,11 @@ def sweep(
     """Replay every policy at every capacity; returns the JSON document of the issue.
 
     A capacity too small for one snapshot of the model raises :class:`CapacityError` naming
-    it, before any replay starts.
+    it, and a request longer than the model serves :class:`InvalidRequestError` naming it,
+    before any replay starts.
     """
     spec = get_preset(model)
+    _check_lengths(trace, spec)
     unit = hash_unit or default_unit(trace)
     outputs_known = trace.block_tokens == 0
     setups = [build_policy(p, spec, unit, outputs_known) for p in policies]
@@ -199,6 +202,22 @@ def _check_capacity(setup: PolicySetup, capacity: int) -> None:
         _ = EnginePort(HybridCacheManager(setup.spec, capacity, setup.config), record_events=False).layout
     except CapacityError as e:
         raise CapacityError(f"policy {setup.name}: {e}") from None
+
+
+def _check_lengths(trace: Trace, spec: ModelSpec) -> None:
+    """Fail before any replay if a request (prompt and output, which the replay appends) is
+    longer than the model's ``max_model_len``. ``read_trace`` refuses such a line of a file;
+    a trace built in code (``generate``'s requests) is not read, and without this its first
+    long request stopped the sweep midway, inside a replay (nemotron-h-8b serves 8,192 tokens,
+    a generated chat session grows past that)."""
+    limit = spec.max_model_len
+    for i, r in enumerate(trace.requests):
+        total = r.input_length + r.output_length
+        if total > limit:
+            where = f"line {r.line}" if r.line else f"request {i}"
+            raise InvalidRequestError(
+                f"{trace.path}: {where}: {total:,} tokens ({r.input_length:,} prompt + "
+                f"{r.output_length:,} output) exceed model {spec.name!r}'s max_model_len {limit:,}")
 
 
 def _check_native(setup: PolicySetup, trace: Trace) -> None:

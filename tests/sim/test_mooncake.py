@@ -151,3 +151,22 @@ def test_sample_is_verbatim_from_the_full_trace(mooncake_path):
     full = mooncake_path.read_bytes().splitlines(keepends=True)
     lo, hi = SAMPLE_LINES
     assert b"".join(full[lo - 1: hi]) == SAMPLE.read_bytes()
+
+
+def test_sweep_refuses_a_request_longer_than_the_model_before_any_replay(monkeypatch):
+    """A trace built in code is not read by ``read_trace``, which refuses long lines: ``sweep``
+    checks the lengths itself, before any replay (nemotron-h-8b serves 8,192 tokens)."""
+    import hybridcache.sim.runner as runner
+    from hybridcache.errors import InvalidRequestError
+
+    ok = TraceRequest(0.0, 8000, 192, input_ids=np.arange(8000, dtype=np.uint32))
+    long = TraceRequest(1.0, 8100, 93, input_ids=np.arange(8100, dtype=np.uint32))
+    def replayed(*a, **k):
+        raise RuntimeError("replayed")
+
+    monkeypatch.setattr(runner, "run_one", replayed)
+    with pytest.raises(InvalidRequestError, match=r"<gen>: request 1: 8,193 tokens \(8,100 prompt \+ 93 output\) "
+                                                  r"exceed model 'nemotron-h-8b'.s max_model_len 8,192"):
+        sweep(Trace("<gen>", "tokens", [ok, long]), "nemotron-h-8b", ["hybridcache"], [4 << 30], progress=False)
+    with pytest.raises(RuntimeError, match="replayed"):  # at the limit, the replay starts
+        sweep(Trace("<gen>", "tokens", [ok]), "nemotron-h-8b", ["hybridcache"], [4 << 30], progress=False)
