@@ -42,7 +42,9 @@ instead of guessing:
   shift of the same sizes;
 - a change of workload that moves the requests' sizes, or a sustained fall of the live hits
   (:mod:`hybridcache.shift`), makes it forget what it was taught: the retired candidates
-  come back, scores and leads start from zero, the shadows explore again (``_after_shift``).
+  come back, scores and leads start from zero, the shadows explore again (``_after_shift``);
+  a fall during the exploration brings the retired candidates back and keeps the evidence,
+  which the shadows gathered as the hits fell (``_after_drop``).
 
 Select it with ``CacheConfig(admission="adaptive")``: :class:`HybridCacheManager` returns an
 :class:`AdaptiveManager` for that setting, so engines and the simulator get it by name.
@@ -274,7 +276,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         request is counted for the shadows (:meth:`_sample`), before its entries go."""
         if finished and req.counted and self.shadows:
             if SHIFT_DETECTION and self.drop_detector.add(req.hit_tokens / max(1, req.prompt_len)):
-                self._after_shift(self.drops)  # the live cache saves less: explore again
+                self._after_drop()  # the live cache saves less: explore again
             digests = req.hasher.digests
             computed, prompt_len = req.num_computed, req.prompt_len
             # A request freed before its prompt was computed (chunked prefill cut short) is
@@ -465,6 +467,25 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._fed_weight = 0.0
         self._lead = (None, 0)
         self._pressured = 0
+        self.running = True
+
+    def _after_drop(self) -> None:
+        """A sustained fall of the live hits (:class:`~hybridcache.shift.DropDetector`): the
+        setting in force may be losing. After the exploration the shadows' evidence is old
+        (the budget paused them), so the manager forgets and explores again
+        (:meth:`_after_shift`). During the exploration they were fed every sampled request:
+        their scores and paired leads are the evidence of the fall itself, and forgetting
+        them only delays the switch it calls for, so the retired candidates come back and the
+        evidence stays (nemotron-h-8b, agentic at 2 GiB: a fall flagged at request 151, the
+        switch at 155 instead of 178, 0.569 -> 0.618; docs/results.md, "Models never
+        swept")."""
+        if self._pressured >= EXPLORE_PAIRS:
+            self._after_shift(self.drops)
+            return
+        self.drops.append(self.finished)
+        cur = self._shadow(self.current)
+        for i in list(self._retired):
+            self._reenter(i, cur)
         self.running = True
 
     def _margin(self) -> float:
