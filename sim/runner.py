@@ -16,12 +16,12 @@ from contextlib import ExitStack
 
 from tqdm import tqdm
 
-from hybridcache.errors import CapacityError, InvalidRequestError
+from hybridcache.errors import CapacityError, ConfigError, InvalidRequestError
 from hybridcache.presets import get_preset
 from hybridcache.sim.policies import MARCONI_ALPHAS, PolicySetup, build_policy
 from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
-from hybridcache.sim.traces import Trace
+from hybridcache.sim.traces import Trace, TraceFormatError
 from hybridcache.spec import ModelSpec
 
 #: Marconi tunes alpha once the cache has filled: each candidate replays the trace up to
@@ -136,12 +136,15 @@ def sweep(
     """Replay every policy at every capacity; returns the JSON document of the issue.
 
     A capacity too small for one snapshot of the model raises :class:`CapacityError` naming
-    it, and a request longer than the model serves :class:`InvalidRequestError` naming it,
-    before any replay starts.
+    it, an empty request or one longer than the model serves :class:`InvalidRequestError`,
+    a request whose ids contradict its lengths :class:`TraceFormatError` (each naming the
+    request), before any replay starts.
     """
     spec = get_preset(model)
-    _check_lengths(trace, spec)
-    unit = hash_unit or default_unit(trace)
+    if hash_unit is not None and (isinstance(hash_unit, bool) or not isinstance(hash_unit, int) or hash_unit < 1):
+        raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
+    _check_requests(trace, spec)
+    unit = default_unit(trace) if hash_unit is None else hash_unit
     outputs_known = trace.block_tokens == 0
     setups = [build_policy(p, spec, unit, outputs_known) for p in policies]
     for s in setups:
@@ -204,20 +207,44 @@ def _check_capacity(setup: PolicySetup, capacity: int) -> None:
         raise CapacityError(f"policy {setup.name}: {e}") from None
 
 
-def _check_lengths(trace: Trace, spec: ModelSpec) -> None:
-    """Fail before any replay if a request (prompt and output, which the replay appends) is
-    longer than the model's ``max_model_len``. ``read_trace`` refuses such a line of a file;
-    a trace built in code (``generate``'s requests) is not read, and without this its first
-    long request stopped the sweep midway, inside a replay (nemotron-h-8b serves 8,192 tokens,
-    a generated chat session grows past that)."""
-    limit = spec.max_model_len
+def _check_requests(trace: Trace, spec: ModelSpec) -> None:
+    """Fail before any replay on a request the replay cannot serve. ``read_trace`` refuses
+    such a line of a file; a trace built in code (``generate``'s requests, an engine's log)
+    is not read, and without this a bad request stopped the sweep midway, inside a replay
+    (nemotron-h-8b serves 8,192 tokens, a generated chat session grows past that), or
+    replayed what its fields contradict. Checked: an empty prompt; the ids the trace's
+    format replays (``input_ids`` of ``input_length`` tokens and ``output_ids`` of
+    ``output_length``, or ``block_ids`` of ``ceil(input_length / block_tokens)`` blocks);
+    prompt and output (which the replay appends) within the model's ``max_model_len``."""
+    limit, block = spec.max_model_len, trace.block_tokens
     for i, r in enumerate(trace.requests):
+        where = f"{trace.path}: " + (f"line {r.line}" if r.line else f"request {i}")
+        if r.input_length < 1:
+            raise InvalidRequestError(f"{where}: empty prompt (input_length {r.input_length})")
+        if block:
+            need = -(-r.input_length // block)
+            if r.block_ids is None or len(r.block_ids) != need:
+                have = "no block_ids" if r.block_ids is None else f"{len(r.block_ids)} block_ids"
+                raise TraceFormatError(f"{where}: {have}, but input_length {r.input_length:,} needs "
+                                       f"ceil({r.input_length:,}/{block}) = {need}")
+        else:
+            _check_ids(where, "input", r.input_ids, r.input_length, required=True)
+            _check_ids(where, "output", r.output_ids, r.output_length, required=False)
         total = r.input_length + r.output_length
         if total > limit:
-            where = f"line {r.line}" if r.line else f"request {i}"
             raise InvalidRequestError(
-                f"{trace.path}: {where}: {total:,} tokens ({r.input_length:,} prompt + "
-                f"{r.output_length:,} output) exceed model {spec.name!r}'s max_model_len {limit:,}")
+                f"{where}: {total:,} tokens ({r.input_length:,} prompt + {r.output_length:,} "
+                f"output) exceed model {spec.name!r}'s max_model_len {limit:,}")
+
+
+def _check_ids(where: str, field: str, ids: object, length: int, *, required: bool) -> None:
+    if ids is None:
+        if required:
+            raise TraceFormatError(f"{where}: a token trace's request needs {field}_ids")
+        return
+    n = len(ids)  # type: ignore[arg-type]
+    if n != length:
+        raise TraceFormatError(f"{where}: {n:,} {field}_ids but {field}_length {length:,}")
 
 
 def _check_native(setup: PolicySetup, trace: Trace) -> None:

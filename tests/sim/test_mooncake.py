@@ -153,20 +153,53 @@ def test_sample_is_verbatim_from_the_full_trace(mooncake_path):
     assert b"".join(full[lo - 1: hi]) == SAMPLE.read_bytes()
 
 
-def test_sweep_refuses_a_request_longer_than_the_model_before_any_replay(monkeypatch):
-    """A trace built in code is not read by ``read_trace``, which refuses long lines: ``sweep``
-    checks the lengths itself, before any replay (nemotron-h-8b serves 8,192 tokens)."""
-    import hybridcache.sim.runner as runner
-    from hybridcache.errors import InvalidRequestError
+def _ids(n):
+    return np.arange(n, dtype=np.uint32)
 
-    ok = TraceRequest(0.0, 8000, 192, input_ids=np.arange(8000, dtype=np.uint32))
-    long = TraceRequest(1.0, 8100, 93, input_ids=np.arange(8100, dtype=np.uint32))
+
+@pytest.mark.parametrize(("request_", "block", "error", "message"), [
+    (TraceRequest(1.0, 8100, 93, input_ids=_ids(8100)), 0, "InvalidRequestError",
+     r"<gen>: request 1: 8,193 tokens \(8,100 prompt \+ 93 output\) exceed model 'nemotron-h-8b'.s max_model_len 8,192"),
+    (TraceRequest(1.0, 0, 4, input_ids=_ids(0)), 0, "InvalidRequestError", r"request 1: empty prompt"),
+    (TraceRequest(1.0, 100, 4), 0, "TraceFormatError", r"request 1: a token trace's request needs input_ids"),
+    (TraceRequest(1.0, 50, 4, input_ids=_ids(100)), 0, "TraceFormatError", r"request 1: 100 input_ids but input_length 50"),
+    (TraceRequest(1.0, 100, 4, input_ids=_ids(100), output_ids=_ids(3)), 0, "TraceFormatError",
+     r"request 1: 3 output_ids but output_length 4"),
+    (TraceRequest(1.0, 1100, 4, block_ids=_ids(2)), 512, "TraceFormatError",
+     r"request 1: 2 block_ids, but input_length 1,100 needs ceil\(1,100/512\) = 3"),
+    (TraceRequest(1.0, 1100, 4), 512, "TraceFormatError", r"request 1: no block_ids"),
+])
+def test_sweep_refuses_a_bad_request_before_any_replay(monkeypatch, request_, block, error, message):
+    """A trace built in code is not read by ``read_trace``, which refuses such lines: ``sweep``
+    checks the requests itself, before any replay (nemotron-h-8b serves 8,192 tokens; a
+    generated session past that stopped a sweep midway), and each error names the request."""
+    import hybridcache.errors
+    import hybridcache.sim.runner as runner
+    import hybridcache.sim.traces
+
     def replayed(*a, **k):
         raise RuntimeError("replayed")
 
     monkeypatch.setattr(runner, "run_one", replayed)
-    with pytest.raises(InvalidRequestError, match=r"<gen>: request 1: 8,193 tokens \(8,100 prompt \+ 93 output\) "
-                                                  r"exceed model 'nemotron-h-8b'.s max_model_len 8,192"):
-        sweep(Trace("<gen>", "tokens", [ok, long]), "nemotron-h-8b", ["hybridcache"], [4 << 30], progress=False)
-    with pytest.raises(RuntimeError, match="replayed"):  # at the limit, the replay starts
-        sweep(Trace("<gen>", "tokens", [ok]), "nemotron-h-8b", ["hybridcache"], [4 << 30], progress=False)
+    if block:
+        ok = TraceRequest(0.0, 1024, 4, block_ids=_ids(2))
+    else:
+        ok = TraceRequest(0.0, 8000, 192, input_ids=_ids(8000), output_ids=_ids(192))
+    fmt = "mooncake" if block else "tokens"
+    cls = getattr(hybridcache.errors, error, None) or getattr(hybridcache.sim.traces, error)
+    with pytest.raises(cls, match=message):
+        sweep(Trace("<gen>", fmt, [ok, request_], block_tokens=block), "nemotron-h-8b", ["hybridcache"],
+              [4 << 30], progress=False)
+    with pytest.raises(RuntimeError, match="replayed"):  # the good request alone: the replay starts
+        sweep(Trace("<gen>", fmt, [ok], block_tokens=block), "nemotron-h-8b", ["hybridcache"], [4 << 30],
+              progress=False)
+
+
+@pytest.mark.parametrize("unit", [0, -16, True, 8.0])
+def test_sweep_refuses_a_hash_unit_that_is_not_a_positive_int(unit):
+    from hybridcache.errors import ConfigError
+
+    ok = TraceRequest(0.0, 100, 4, input_ids=_ids(100))
+    with pytest.raises(ConfigError, match="hash_unit must be an int >= 1"):
+        sweep(Trace("<gen>", "tokens", [ok]), "kimi-linear-48b", ["hybridcache"], [4 << 30], hash_unit=unit,
+              progress=False)
