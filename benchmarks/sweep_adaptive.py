@@ -3,21 +3,30 @@
 
     python benchmarks/sweep_adaptive.py mooncake [--trace PATH] [--json OUT]
     python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
-                                        [--seeds 0,1] [--requests 200] [--json OUT]
+                                        [--seeds 0,1] [--requests 200] [--tenants 2]
+                                        [--max-model-len N] [--json OUT]
 
 For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
 fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
 and the gap; a cell is *behind* when the adaptive policy is more than 0.002 below the best
 other (issue 16's target). Prints a Markdown table.
+
+``--tenants`` and ``--max-model-len`` hold the policy to settings it was not developed on
+(every sweep before 2026-12-06 used two tenants): the generator's tenant count, and a
+preset served past its own ``max_model_len`` (nemotron-h-8b serves 8,192 tokens, which
+generated agent, docs and agentic requests pass; ``sweep`` refuses such a request before any
+replay), as the preset ``NAME@N``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
 
+from hybridcache.presets import get_preset, preset_names, register_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.runner import sweep
 from hybridcache.sim.traces import Trace, read_trace
@@ -66,6 +75,19 @@ def sweep_available(trace: Trace, model: str, capacities: list[int]) -> dict:
         return sweep(trace, model, [p for p in POLICIES if p not in native], capacities, progress=False)
 
 
+def model_with_max_len(model: str, max_model_len: int | None) -> str:
+    """``model``, or ``model@N``: the preset with ``max_model_len`` N, registered once."""
+    if max_model_len is None:
+        return model
+    if max_model_len < 1:
+        raise SystemExit(f"--max-model-len must be positive, got {max_model_len}")
+    name = f"{model}@{max_model_len}"
+    if name not in preset_names():
+        spec = dataclasses.replace(get_preset(model), max_model_len=max_model_len)
+        register_preset(name, lambda: spec)
+    return name
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| trace | GiB | adaptive hit / FLOPs | fixed `hybridcache` | best other (hit / FLOPs) | kv-only "
              "| adaptive - best other | adaptive / fixed replay time |",
@@ -89,17 +111,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--kinds", default="chat,agent,docs,mixed,agentic")
     p.add_argument("--seeds", default="0,1")
     p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--tenants", type=int, default=2)
+    p.add_argument("--max-model-len", type=int, default=None)
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows: list[dict] = []
+    model = model_with_max_len(args.model, args.max_model_len)
     if args.what == "mooncake":
-        doc = sweep_available(read_trace(args.trace), args.model, [g << 30 for g in (8, 32, 128, 256)])
+        doc = sweep_available(read_trace(args.trace), model, [g << 30 for g in (8, 32, 128, 256)])
         rows += cells(doc, "mooncake")
     else:
         for kind in args.kinds.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
-                t = Trace(f"<{kind}:{seed}>", "tokens", generate(kind, args.requests, seed=seed, tenants=2))
-                doc = sweep_available(t, args.model, [g << 30 for g in (1, 2, 4, 8, 16)])
+                reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants)
+                doc = sweep_available(Trace(f"<{kind}:{seed}>", "tokens", reqs), model, [g << 30 for g in (1, 2, 4, 8, 16)])
                 rows += cells(doc, f"{kind}:{seed}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -211,7 +211,7 @@ def _check_requests(trace: Trace, spec: ModelSpec) -> None:
     """Fail before any replay on a request the replay cannot serve. ``read_trace`` refuses
     such a line of a file; a trace built in code (``generate``'s requests, an engine's log)
     is not read, and without this a bad request stopped the sweep midway, inside a replay
-    (nemotron-h-8b serves 8,192 tokens, a generated chat session grows past that), or
+    (nemotron-h-8b serves 8,192 tokens, generated agent sessions grow past that), or
     replayed what its fields contradict. Checked: an empty prompt; the ids the trace's
     format replays (``input_ids`` of ``input_length`` tokens and ``output_ids`` of
     ``output_length``, or ``block_ids`` of ``ceil(input_length / block_tokens)`` blocks);

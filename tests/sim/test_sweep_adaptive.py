@@ -35,3 +35,36 @@ def test_block_trace_leaves_out_vllm_native(capsys):
     assert "left out" in capsys.readouterr().err
     rows = mod.cells(doc, "sample")
     assert len(rows) == 1 and rows[0]["best_other"] != "kv-only"
+
+
+def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_path, capsys):
+    """``--tenants`` reaches the generator, and ``--max-model-len`` serves a preset past its
+    own limit as ``NAME@N``; without it, the first long request is refused before any replay."""
+    import json
+
+    import hybridcache.presets as presets
+    from hybridcache.errors import InvalidRequestError
+    from hybridcache.presets import get_preset
+
+    presets.preset_names()  # the adapters' presets in, then the registry restored after the test
+    monkeypatch.setattr(presets, "_PRESETS", dict(presets._PRESETS))
+    mod = _sweep_module()
+    monkeypatch.setattr(mod, "POLICIES", ["hybridcache", "hybridcache-adaptive", "sglang", "kv-only"])
+    seen: list[int] = []
+    real_generate = mod.generate
+
+    def generate(kind, n, seed=0, tenants=2):
+        seen.append(tenants)
+        return real_generate(kind, n, seed=seed, tenants=tenants)
+
+    monkeypatch.setattr(mod, "generate", generate)
+    args = ["generated", "--model", "nemotron-h-8b", "--kinds", "agent", "--seeds", "31", "--requests", "40"]
+    with pytest.raises(InvalidRequestError, match="exceed model 'nemotron-h-8b'.s max_model_len 8,192"):
+        mod.main(args)
+    out = tmp_path / "rows.json"
+    mod.main([*args, "--tenants", "8", "--max-model-len", "1048576", "--json", str(out)])
+    assert seen == [2, 8]
+    assert get_preset("nemotron-h-8b@1048576").max_model_len == 1 << 20
+    assert get_preset("nemotron-h-8b").max_model_len == 8192
+    rows = json.loads(out.read_text())
+    assert [r["trace"] for r in rows] == ["agent:31"] * 5 and "of 5 cells behind" in capsys.readouterr().out
