@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import sys
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
 
@@ -237,12 +237,12 @@ def _check_requests(trace: Trace, spec: ModelSpec) -> None:
                 f"output) exceed model {spec.name!r}'s max_model_len {limit:,}")
 
 
-def _check_ids(where: str, field: str, ids: object, length: int, *, required: bool) -> None:
+def _check_ids(where: str, field: str, ids: Sized | None, length: int, *, required: bool) -> None:
     if ids is None:
         if required:
             raise TraceFormatError(f"{where}: a token trace's request needs {field}_ids")
         return
-    n = len(ids)  # type: ignore[arg-type]
+    n = len(ids)
     if n != length:
         raise TraceFormatError(f"{where}: {n:,} {field}_ids but {field}_length {length:,}")
 
