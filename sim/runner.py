@@ -21,7 +21,7 @@ from hybridcache.presets import get_preset
 from hybridcache.sim.policies import MARCONI_ALPHAS, PolicySetup, build_policy
 from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
-from hybridcache.sim.traces import Trace, TraceFormatError
+from hybridcache.sim.traces import Trace, TraceFormatError, block_count_problem, length_problem
 from hybridcache.spec import ModelSpec
 
 #: Marconi tunes alpha once the cache has filled: each candidate replays the trace up to
@@ -215,26 +215,24 @@ def _check_requests(trace: Trace, spec: ModelSpec) -> None:
     replayed what its fields contradict. Checked: an empty prompt; the ids the trace's
     format replays (``input_ids`` of ``input_length`` tokens and ``output_ids`` of
     ``output_length``, or ``block_ids`` of ``ceil(input_length / block_tokens)`` blocks);
-    prompt and output (which the replay appends) within the model's ``max_model_len``."""
+    prompt and output (which the replay appends) within the model's ``max_model_len``. The
+    length and block-count checks are the reader's own (:func:`length_problem`,
+    :func:`block_count_problem`), so a file's line and a request built in code read alike."""
     limit, block = spec.max_model_len, trace.block_tokens
     for i, r in enumerate(trace.requests):
         where = f"{trace.path}: " + (f"line {r.line}" if r.line else f"request {i}")
         if r.input_length < 1:
             raise InvalidRequestError(f"{where}: empty prompt (input_length {r.input_length})")
         if block:
-            need = -(-r.input_length // block)
-            if r.block_ids is None or len(r.block_ids) != need:
-                have = "no block_ids" if r.block_ids is None else f"{len(r.block_ids)} block_ids"
-                raise TraceFormatError(f"{where}: {have}, but input_length {r.input_length:,} needs "
-                                       f"ceil({r.input_length:,}/{block}) = {need}")
+            problem = block_count_problem(r.input_length, None if r.block_ids is None else len(r.block_ids), block)
+            if problem:
+                raise TraceFormatError(f"{where}: {problem}")
         else:
             _check_ids(where, "input", r.input_ids, r.input_length, required=True)
             _check_ids(where, "output", r.output_ids, r.output_length, required=False)
-        total = r.input_length + r.output_length
-        if total > limit:
-            raise InvalidRequestError(
-                f"{where}: {total:,} tokens ({r.input_length:,} prompt + {r.output_length:,} "
-                f"output) exceed model {spec.name!r}'s max_model_len {limit:,}")
+        problem = length_problem(r.input_length, r.output_length, limit)
+        if problem:
+            raise InvalidRequestError(f"{where}: {problem} ({spec.name!r}'s max_model_len)")
 
 
 def _check_ids(where: str, field: str, ids: Sized | None, length: int, *, required: bool) -> None:

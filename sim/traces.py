@@ -277,13 +277,31 @@ def _ids(obj: dict, key: str, required: bool = True) -> np.ndarray | None:
     return np.asarray(v, dtype=np.uint32)
 
 
+def length_problem(input_length: int, output_length: int, max_tokens: int | None) -> str | None:
+    """Why a request of these lengths is longer than a model serving ``max_tokens`` (prompt and
+    output, which the replay appends), or ``None``. One wording for a trace file's line
+    (:func:`read_trace`) and a request built in code (``hybridcache.sim.runner.sweep``)."""
+    total = input_length + output_length
+    if max_tokens is None or total <= max_tokens:
+        return None
+    return (f"request of {total:,} tokens ({input_length:,} prompt + {output_length:,} "
+            f"output) is longer than the model's maximum of {max_tokens:,}")
+
+
+def block_count_problem(input_length: int, n_ids: int | None, block: int) -> str | None:
+    """Why a block-level request's ids (``hash_ids``, ``TraceRequest.block_ids``) do not
+    cover its prompt, ``ceil(input_length / block)`` of them, or ``None``."""
+    need = -(-input_length // block)
+    if n_ids == need:
+        return None
+    have = "no" if n_ids is None else str(n_ids)
+    return f"'hash_ids' has {have} ids but input_length {input_length} needs ceil({input_length}/{block}) = {need}"
+
+
 def _check_length(req: TraceRequest, max_tokens: int | None) -> None:
-    total = req.input_length + req.output_length
-    if max_tokens is not None and total > max_tokens:
-        raise _BadLine(
-            f"request of {total:,} tokens ({req.input_length:,} prompt + {req.output_length:,} "
-            f"output) is longer than the model's maximum of {max_tokens:,}"
-        )
+    problem = length_problem(req.input_length, req.output_length, max_tokens)
+    if problem:
+        raise _BadLine(problem)
 
 
 def _parse_mooncake(obj: dict, block: int) -> TraceRequest:
@@ -291,13 +309,10 @@ def _parse_mooncake(obj: dict, block: int) -> TraceRequest:
     n_out = _int(obj, "output_length", 0)
     ids = _ids(obj, "hash_ids")
     assert ids is not None
-    need = -(-n_in // block)
-    if len(ids) != need:
+    problem = block_count_problem(n_in, len(ids), block)
+    if problem:
         hint = "" if block != MOONCAKE_BLOCK else " (another block size? pass --block-tokens)"
-        raise _BadLine(
-            f"'hash_ids' has {len(ids)} ids but input_length {n_in} needs "
-            f"ceil({n_in}/{block}) = {need}{hint}"
-        )
+        raise _BadLine(problem + hint)
     return TraceRequest(
         timestamp=_number(obj, "timestamp"),
         input_length=n_in,

@@ -159,15 +159,16 @@ def _ids(n):
 
 @pytest.mark.parametrize(("request_", "block", "error", "message"), [
     (TraceRequest(1.0, 8100, 93, input_ids=_ids(8100)), 0, "InvalidRequestError",
-     r"<gen>: request 1: 8,193 tokens \(8,100 prompt \+ 93 output\) exceed model 'nemotron-h-8b'.s max_model_len 8,192"),
+     r"<gen>: request 1: request of 8,193 tokens \(8,100 prompt \+ 93 output\) is longer than the model's "
+     r"maximum of 8,192 \('nemotron-h-8b'.s max_model_len\)"),
     (TraceRequest(1.0, 0, 4, input_ids=_ids(0)), 0, "InvalidRequestError", r"request 1: empty prompt"),
     (TraceRequest(1.0, 100, 4), 0, "TraceFormatError", r"request 1: a token trace's request needs input_ids"),
     (TraceRequest(1.0, 50, 4, input_ids=_ids(100)), 0, "TraceFormatError", r"request 1: 100 input_ids but input_length 50"),
     (TraceRequest(1.0, 100, 4, input_ids=_ids(100), output_ids=_ids(3)), 0, "TraceFormatError",
      r"request 1: 3 output_ids but output_length 4"),
     (TraceRequest(1.0, 1100, 4, block_ids=_ids(2)), 512, "TraceFormatError",
-     r"request 1: 2 block_ids, but input_length 1,100 needs ceil\(1,100/512\) = 3"),
-    (TraceRequest(1.0, 1100, 4), 512, "TraceFormatError", r"request 1: no block_ids"),
+     r"request 1: 'hash_ids' has 2 ids but input_length 1100 needs ceil\(1100/512\) = 3"),
+    (TraceRequest(1.0, 1100, 4), 512, "TraceFormatError", r"request 1: 'hash_ids' has no ids but input_length 1100 needs ceil\(1100/512\) = 3"),
 ])
 def test_sweep_refuses_a_bad_request_before_any_replay(monkeypatch, request_, block, error, message):
     """A trace built in code is not read by ``read_trace``, which refuses such lines: ``sweep``

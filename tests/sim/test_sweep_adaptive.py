@@ -59,7 +59,7 @@ def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_p
 
     monkeypatch.setattr(mod, "generate", generate)
     args = ["generated", "--model", "nemotron-h-8b", "--kinds", "agent", "--seeds", "31", "--requests", "40"]
-    with pytest.raises(InvalidRequestError, match="exceed model 'nemotron-h-8b'.s max_model_len 8,192"):
+    with pytest.raises(InvalidRequestError, match=r"longer than the model's maximum of 8,192 \('nemotron-h-8b'.s max_model_len\)"):
         mod.main(args)
     out = tmp_path / "rows.json"
     mod.main([*args, "--tenants", "8", "--max-model-len", "1048576", "--json", str(out)])
