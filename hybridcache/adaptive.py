@@ -447,18 +447,23 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         s.score, s.last, s.pair = cur.score, cur.last, PairedDifference()
         self._pairs.restart(i)
 
-    def _after_shift(self, record: list[int]) -> None:
+    def _after_shift(self, record: list[int], forget: bool = True) -> None:
         """Forget what the old workload taught, once a change is detected
         (:mod:`hybridcache.shift`): every retired candidate comes back from a copy of the
         current one's cache (what switching to it now would start from), every score and
         paired lead starts again from zero (the old workload's savings would outweigh the
         new one's for 16 shadow fills), and the shadows explore again outside the budget.
-        The caches stay; the chain keys' budget restarts. ``record``: where to log it."""
+        The caches stay; the chain keys' budget restarts. ``record``: where to log it.
+        ``forget`` False: the retired candidates come back and the shadows run, the scores,
+        leads and exploration count stay (:meth:`_after_drop`)."""
         record.append(self.finished)
-        self.keys.held = 0
         cur = self._shadow(self.current)
         for i in list(self._retired):
             self._reenter(i, cur)
+        self.running = True
+        if not forget:
+            return
+        self.keys.held = 0
         self._reset_pairs()
         for i, s in enumerate(self.shadows):
             s.score = 0.0
@@ -467,26 +472,17 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._fed_weight = 0.0
         self._lead = (None, 0)
         self._pressured = 0
-        self.running = True
 
     def _after_drop(self) -> None:
         """A sustained fall of the live hits (:class:`~hybridcache.shift.DropDetector`): the
         setting in force may be losing. After the exploration the shadows' evidence is old
-        (the budget paused them), so the manager forgets and explores again
-        (:meth:`_after_shift`). During the exploration they were fed every sampled request:
-        their scores and paired leads are the evidence of the fall itself, and forgetting
-        them only delays the switch it calls for, so the retired candidates come back and the
-        evidence stays (nemotron-h-8b, agentic at 2 GiB: a fall flagged at request 151, the
-        switch at 155 instead of 178, 0.569 -> 0.618; docs/results.md, "Models never
-        swept")."""
-        if self._pressured >= EXPLORE_PAIRS:
-            self._after_shift(self.drops)
-            return
-        self.drops.append(self.finished)
-        cur = self._shadow(self.current)
-        for i in list(self._retired):
-            self._reenter(i, cur)
-        self.running = True
+        (the budget paused them), so the manager forgets and explores again. During the
+        exploration they were fed every sampled request: their scores and paired leads are
+        the evidence of the fall itself, and forgetting them only delays the switch it calls
+        for, so only the retired candidates come back (nemotron-h-8b, agentic at 2 GiB: a
+        fall flagged at request 151, the switch at 155 instead of 178, 0.569 -> 0.618;
+        docs/results.md, "Models never swept")."""
+        self._after_shift(self.drops, forget=self._pressured >= EXPLORE_PAIRS)
 
     def _margin(self) -> float:
         return EXACT_MARGIN + (SWITCH_MARGIN - EXACT_MARGIN) * (1.0 - self.rate)
