@@ -24,7 +24,10 @@ BASE_RULES = "last-token+turn-end+branch-point"
 SPARE_DENSITY = 1.0 / 16
 
 
-def _round_up(n: float, unit: int) -> int:
+def round_up(n: float, unit: int) -> int:
+    """``n`` tokens rounded up to a whole number of hash units, at least one: a density or a
+    block the rules can use (an interval or a block must be a multiple of the unit). The
+    simulator's policies round with it too."""
     return max(unit, -(-int(math.ceil(n)) // unit) * unit)
 
 
@@ -84,13 +87,13 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False,
         return [Candidate("no-state", BASE_RULES)]
 
     def every(d: float) -> str:
-        return BASE_RULES if d == 0 else f"{BASE_RULES}+interval:{_round_up(d * tps, unit)}"
+        return BASE_RULES if d == 0 else f"{BASE_RULES}+interval:{round_up(d * tps, unit)}"
 
     grid = [
         Candidate("checkpoints-3x", every(3.0)),
         Candidate("checkpoints-3x-gds", every(3.0), "gds"),
         Candidate("checkpoints-none", every(0.0)),
-        Candidate("no-prompt-end", f"turn-end+branch-point+interval:{_round_up(3.0 * tps, unit)}"),
+        Candidate("no-prompt-end", f"turn-end+branch-point+interval:{round_up(3.0 * tps, unit)}"),
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
         Candidate("seen-twice-recency", "last-token+branch-point", "recency", 2),
@@ -120,7 +123,7 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     instructions (chat, 64 GiB): the shadows rarely adopt it where it leads (docs/results.md,
     "vLLM's save points at its block boundaries"). Where the block is the unit, its
     admission is ``seen-twice-recency``'s (and the set does not grow)."""
-    block = _round_up(vllm_align_block(spec), unit)
+    block = round_up(vllm_align_block(spec), unit)
     admission = f"last-block:{block}+branch-point" if block > unit else "last-token+branch-point"
     return Candidate("seen-twice-blocks", admission, "recency", 2)
 
@@ -139,4 +142,4 @@ def spare_interval(spec: ModelSpec, unit: int) -> int:
     any other). 0 for a model without state.
     """
     tps = _tokens_per_snapshot(spec)
-    return 0 if tps is None else _round_up(SPARE_DENSITY * tps, unit)
+    return 0 if tps is None else round_up(SPARE_DENSITY * tps, unit)

@@ -34,6 +34,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from hybridcache.candidates import round_up
 from hybridcache.errors import UnknownNameError
 from hybridcache.manager import CacheConfig
 from hybridcache.spec import ModelSpec
@@ -99,10 +100,6 @@ def not_applicable(name: str, spec: ModelSpec) -> str | None:
     if name in NATIVE_POLICIES and not (spec.attention_groups and spec.state_groups):
         return f"{name}: models hybrid attention + state models only, not {spec.name!r}"
     return None
-
-
-def round_up(n: int, unit: int) -> int:
-    return max(unit, -(-n // unit) * unit)
 
 
 def checkpoint_interval(spec: ModelSpec, unit: int) -> int:
