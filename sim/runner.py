@@ -138,11 +138,15 @@ def sweep(
     A capacity too small for one snapshot of the model raises :class:`CapacityError` naming
     it, an empty request or one longer than the model serves :class:`InvalidRequestError`,
     a request whose ids contradict its lengths :class:`TraceFormatError` (each naming the
-    request), before any replay starts.
+    request), before any replay starts. So does a policy or capacity named twice, or none
+    (:class:`ConfigError`): results are keyed by policy and capacity, so a second one would
+    replay the same cell again and list it twice (the command line drops repeats itself).
     """
     spec = get_preset(model)
     if hash_unit is not None and (isinstance(hash_unit, bool) or not isinstance(hash_unit, int) or hash_unit < 1):
         raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
+    _check_listed("policies", policies)
+    _check_listed("capacities", capacities)
     _check_requests(trace, spec)
     unit = default_unit(trace) if hash_unit is None else hash_unit
     outputs_known = trace.block_tokens == 0
@@ -183,6 +187,17 @@ def sweep(
         "hash_unit": unit,
         "results": [results[(s.name, cap)] for s in setups for cap in capacities],
     }
+
+
+def _check_listed(what: str, items: Sequence[object]) -> None:
+    """Refuse an empty list, or one naming an item twice (:func:`sweep`)."""
+    if not items:
+        raise ConfigError(f"sweep needs at least one of {what}, got none")
+    seen: set[object] = set()
+    for item in items:
+        if item in seen:
+            raise ConfigError(f"{what} name {item!r} twice: each is replayed once per sweep")
+        seen.add(item)
 
 
 def _mp_context() -> mp.context.BaseContext:

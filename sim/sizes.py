@@ -29,11 +29,12 @@ def parse_size(text: str) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    """Comma-separated sizes (``8GiB,32GiB``), in the order given."""
+    """Comma-separated sizes (``8GiB,32GiB``), in the order given, a size given twice once
+    (``8GiB,8192MiB`` is one capacity: a sweep replays each capacity once)."""
     parts = [p for p in text.split(",") if p.strip()]
     if not parts:
         raise ValueError("no capacity given")
-    return [parse_size(p) for p in parts]
+    return list(dict.fromkeys(parse_size(p) for p in parts))
 
 
 def format_bytes(n: int) -> str:

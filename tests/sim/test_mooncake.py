@@ -8,6 +8,7 @@ and skip without it, naming the missing path in pytest's summary.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -204,3 +205,23 @@ def test_sweep_refuses_a_hash_unit_that_is_not_a_positive_int(unit):
     with pytest.raises(ConfigError, match="hash_unit must be an int >= 1"):
         sweep(Trace("<gen>", "tokens", [ok]), "kimi-linear-48b", ["hybridcache"], [4 << 30], hash_unit=unit,
               progress=False)
+
+
+@pytest.mark.parametrize(("policies", "capacities", "problem"), [
+    (["hybridcache", "sglang", "hybridcache"], [4 << 30], "policies name 'hybridcache' twice"),
+    (["hybridcache"], [4 << 30, 2 << 30, 4 << 30], f"capacities name {4 << 30} twice"),
+    ([], [4 << 30], "at least one of policies"),
+    (["hybridcache"], [], "at least one of capacities"),
+])
+def test_sweep_refuses_a_policy_or_capacity_named_twice_or_none(policies, capacities, problem, monkeypatch):
+    """Results are keyed by policy and capacity: a repeat replayed the cell again and listed
+    it twice. The refusal comes before any replay."""
+    import hybridcache.sim.runner as runner
+    from hybridcache.errors import ConfigError
+
+    replays: list[str] = []
+    monkeypatch.setattr(runner, "run_one", lambda *a, **k: replays.append("run") or pytest.fail("replayed"))
+    ok = TraceRequest(0.0, 100, 4, input_ids=_ids(100))
+    with pytest.raises(ConfigError, match=re.escape(problem)):
+        sweep(Trace("<gen>", "tokens", [ok]), "kimi-linear-48b", policies, capacities, progress=False)
+    assert not replays
