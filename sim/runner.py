@@ -138,9 +138,10 @@ def sweep(
     A capacity too small for one snapshot of the model raises :class:`CapacityError` naming
     it, an empty request or one longer than the model serves :class:`InvalidRequestError`,
     a request whose ids contradict its lengths :class:`TraceFormatError` (each naming the
-    request), before any replay starts. So does a policy or capacity named twice, or none
-    (:class:`ConfigError`): results are keyed by policy and capacity, so a second one would
-    replay the same cell again and list it twice (the command line drops repeats itself).
+    request), before any replay starts. So does a policy or capacity named twice, none, or
+    a lone name or size in place of a list (:class:`ConfigError`): results are keyed by
+    policy and capacity, so a second one would replay the same cell again and list it twice
+    (the command line drops repeats itself).
     """
     spec = get_preset(model)
     if hash_unit is not None and (isinstance(hash_unit, bool) or not isinstance(hash_unit, int) or hash_unit < 1):
@@ -190,7 +191,10 @@ def sweep(
 
 
 def _check_listed(what: str, items: Sequence[object]) -> None:
-    """Refuse an empty list, or one naming an item twice (:func:`sweep`)."""
+    """Refuse what is not a list (a lone name or size: a string would be read letter by
+    letter), an empty list, or one naming an item twice (:func:`sweep`)."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise ConfigError(f"{what} must be a list, got {type(items).__name__} {items!r} (write [{items!r}])")
     if not items:
         raise ConfigError(f"sweep needs at least one of {what}, got none")
     seen: set[object] = set()

@@ -212,8 +212,10 @@ def test_sweep_refuses_a_hash_unit_that_is_not_a_positive_int(unit):
     (["hybridcache"], [4 << 30, 2 << 30, 4 << 30], f"capacities name {4 << 30} twice"),
     ([], [4 << 30], "at least one of policies"),
     (["hybridcache"], [], "at least one of capacities"),
+    ("hybridcache", [4 << 30], "policies must be a list, got str 'hybridcache'"),
+    (["hybridcache"], 4 << 30, f"capacities must be a list, got int {4 << 30}"),
 ])
-def test_sweep_refuses_a_policy_or_capacity_named_twice_or_none(policies, capacities, problem, monkeypatch):
+def test_sweep_refuses_policies_or_capacities_not_a_list_of_distinct_items(policies, capacities, problem, monkeypatch):
     """Results are keyed by policy and capacity: a repeat replayed the cell again and listed
     it twice. The refusal comes before any replay."""
     import hybridcache.sim.runner as runner
