@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import multiprocessing as mp
 import sys
-from collections.abc import Sequence, Sized
+from collections.abc import Hashable, Iterable, Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import ExitStack
+from typing import Any
 
 from tqdm import tqdm
 
@@ -146,8 +147,7 @@ def sweep(
     spec = get_preset(model)
     if hash_unit is not None and (isinstance(hash_unit, bool) or not isinstance(hash_unit, int) or hash_unit < 1):
         raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
-    _check_listed("policies", policies)
-    _check_listed("capacities", capacities)
+    policies, capacities = _listed("policies", policies), _listed("capacities", capacities)
     _check_requests(trace, spec)
     unit = default_unit(trace) if hash_unit is None else hash_unit
     outputs_known = trace.block_tokens == 0
@@ -190,18 +190,23 @@ def sweep(
     }
 
 
-def _check_listed(what: str, items: Sequence[object]) -> None:
-    """Refuse what is not a list (a lone name or size: a string would be read letter by
-    letter), an empty list, or one naming an item twice (:func:`sweep`)."""
-    if isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+def _listed(what: str, items: Iterable[Any]) -> list[Any]:
+    """``items`` as a list (:func:`sweep` walks the capacities once per policy, so a
+    generator would serve only the first), refusing a lone name or size (a string would be
+    read letter by letter), an empty list, and an item named twice."""
+    if isinstance(items, (str, bytes)) or not isinstance(items, Iterable):
         raise ConfigError(f"{what} must be a list, got {type(items).__name__} {items!r} (write [{items!r}])")
-    if not items:
+    out = list(items)
+    if not out:
         raise ConfigError(f"sweep needs at least one of {what}, got none")
     seen: set[object] = set()
-    for item in items:
+    for item in out:
+        if not isinstance(item, Hashable):
+            raise ConfigError(f"{what} must list names or sizes, got {item!r}")
         if item in seen:
             raise ConfigError(f"{what} name {item!r} twice: each is replayed once per sweep")
         seen.add(item)
+    return out
 
 
 def _mp_context() -> mp.context.BaseContext:

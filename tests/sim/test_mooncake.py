@@ -214,6 +214,7 @@ def test_sweep_refuses_a_hash_unit_that_is_not_a_positive_int(unit):
     (["hybridcache"], [], "at least one of capacities"),
     ("hybridcache", [4 << 30], "policies must be a list, got str 'hybridcache'"),
     (["hybridcache"], 4 << 30, f"capacities must be a list, got int {4 << 30}"),
+    (["hybridcache"], [[4 << 30]], "capacities must list names or sizes"),
 ])
 def test_sweep_refuses_policies_or_capacities_not_a_list_of_distinct_items(policies, capacities, problem, monkeypatch):
     """Results are keyed by policy and capacity: a repeat replayed the cell again and listed
@@ -227,3 +228,15 @@ def test_sweep_refuses_policies_or_capacities_not_a_list_of_distinct_items(polic
     with pytest.raises(ConfigError, match=re.escape(problem)):
         sweep(Trace("<gen>", "tokens", [ok]), "kimi-linear-48b", policies, capacities, progress=False)
     assert not replays
+
+
+def test_sweep_takes_capacities_from_any_iterable_once():
+    """A generator or an array of capacities is read once into a list: every policy replays
+    every capacity (a generator walked once per policy served only the first)."""
+    import numpy as np
+
+    trace = Trace("<gen>", "tokens", [TraceRequest(0.0, 100, 4, input_ids=_ids(100))])
+    for caps in ((c for c in (2 << 30, 4 << 30)), np.array([2 << 30, 4 << 30])):
+        doc = sweep(trace, "kimi-linear-48b", ["hybridcache", "sglang"], caps, progress=False)
+        got = [(r["policy"], r["capacity_bytes"]) for r in doc["results"]]
+        assert got == [(p, c) for p in ("hybridcache", "sglang") for c in (2 << 30, 4 << 30)], got
