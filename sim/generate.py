@@ -25,6 +25,7 @@ from one ``numpy`` generator seeded with ``seed``: the same arguments give the s
 from __future__ import annotations
 
 import heapq
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -121,18 +122,25 @@ def _session_requests(g: _Gen, s: _Session) -> Iterator[TraceRequest]:
         t += float(g.rng.exponential(s.think)) + 1.0
 
 
+def _check_args(kind: str, requests: object, seed: object, tenants: object) -> None:
+    """Refuse what :func:`generate` cannot honour, naming the argument."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
+    for name, value, least in (("requests", requests, 1), ("seed", seed, 0), ("tenants", tenants, 1)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+            raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
+
+
 def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[TraceRequest]:
     """``requests`` requests of workload ``kind``, in timestamp order (see module docstring).
 
     Raises:
-        ValueError: unknown kind or a non-positive count.
+        ValueError: unknown kind, or a count, seed or tenant count that is not an int of at
+            least 1, 0 and 1 (a tenant count of 0 gave one tenant, and 5.5 requests six).
     """
     from hybridcache.sim.agentic import agentic_sessions  # it builds on _Gen and _Session
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
-    if requests <= 0:
-        raise ValueError(f"requests must be positive, got {requests}")
+    _check_args(kind, requests, seed, tenants)
     g = _Gen(seed, tenants)
     sources = {
         "chat": [_chat_sessions(g, 0.5)],
@@ -175,6 +183,10 @@ def generate_change(first: str, second: str, requests: tuple[int, int], seed: in
     Raises:
         ValueError: as :func:`generate`.
     """
+    if not isinstance(requests, (tuple, list)) or len(requests) != 2:
+        raise ValueError(f"requests must be two counts (before, after the change), got {requests!r}")
+    _check_args(first, requests[0], seed, tenants)
+    _check_args(second, requests[1], seed, tenants)  # both before any work
     a = generate(first, requests[0], seed=seed, tenants=tenants)
     b = generate(second, requests[1], seed=seed, tenants=tenants)
     for r in b:
