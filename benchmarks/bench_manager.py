@@ -36,10 +36,12 @@ def run_ours(spec, capacity, reqs, unit: int = 16) -> tuple[list[float], int, in
     return serve_requests(HybridCacheManager(spec, capacity, CacheConfig(hash_unit=unit)), reqs)
 
 
-def serve_requests(m: HybridCacheManager, reqs) -> tuple[list[float], int, int]:
+def serve_requests(m: HybridCacheManager, reqs, refused: list[int] | None = None) -> tuple[list[float], int, int]:
     """Each request through ``m`` (match + allocate + append + commit + free): seconds per
     served request, hit tokens and prompt tokens of the served ones. Shared with
-    ``bench_adaptive.py`` so both time the same loop."""
+    ``bench_adaptive.py`` so both time the same loop. A request the cache cannot hold
+    (``OutOfSpaceError``) is left out of the three; its index goes to ``refused`` if given
+    (a hit rate over every request counts it as a miss, as the simulator does)."""
     times: list[float] = []
     hit = prompt = 0
     for i, r in enumerate(reqs):
@@ -50,6 +52,8 @@ def serve_requests(m: HybridCacheManager, reqs) -> tuple[list[float], int, int]:
             m.allocate(rid, r.input_length + r.output_length - res.hit_tokens)
         except OutOfSpaceError:
             m.free(rid, finished=False)
+            if refused is not None:
+                refused.append(i)
             continue
         if r.output_ids is not None and len(r.output_ids):
             m.append_tokens(rid, r.output_ids)
