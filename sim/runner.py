@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
+import numbers
 import sys
 from collections.abc import Hashable, Iterable, Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor
@@ -145,8 +146,10 @@ def sweep(
     (the command line drops repeats itself).
     """
     spec = get_preset(model)
-    if hash_unit is not None and (isinstance(hash_unit, bool) or not isinstance(hash_unit, int) or hash_unit < 1):
-        raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
+    if hash_unit is not None:
+        if isinstance(hash_unit, bool) or not isinstance(hash_unit, numbers.Integral) or hash_unit < 1:
+            raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
+        hash_unit = int(hash_unit)  # a NumPy integer as well, as the generator takes them
     policies, capacities = _listed("policies", policies), _listed("capacities", capacities)
     _check_requests(trace, spec)
     unit = default_unit(trace) if hash_unit is None else hash_unit

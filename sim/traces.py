@@ -110,6 +110,9 @@ def read_trace(
     block = MOONCAKE_BLOCK if block_tokens is None else block_tokens
     if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
         raise TraceFormatError(f"block_tokens must be a positive integer, got {block_tokens!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
+        # Otherwise every line would be "longer than the model's maximum of 0".
+        raise TraceFormatError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
     path = Path(path)
     lines = list(_lines(path))
     _refuse_json_array(path, lines)

@@ -230,6 +230,12 @@ def test_sweep_refuses_policies_or_capacities_not_a_list_of_distinct_items(polic
     assert not replays
 
 
+def test_sweep_takes_a_numpy_hash_unit_as_an_int():
+    trace = Trace("<gen>", "tokens", [TraceRequest(0.0, 100, 4, input_ids=_ids(100))])
+    doc = sweep(trace, "kimi-linear-48b", ["hybridcache"], [2 << 30], hash_unit=np.int64(32), progress=False)
+    assert doc["hash_unit"] == 32 and type(doc["hash_unit"]) is int
+
+
 def test_sweep_takes_capacities_from_any_iterable_once():
     """A generator or an array of capacities is read once into a list: every policy replays
     every capacity (a generator walked once per policy served only the first)."""

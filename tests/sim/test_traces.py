@@ -193,6 +193,15 @@ def test_block_tokens_sets_the_block_size(tmp_path, block):
         read_trace(path, block_tokens=0)
 
 
+@pytest.mark.parametrize("limit", [0, -1, 8.5, True, "8192"])
+def test_a_max_tokens_that_is_not_a_positive_int_is_refused_as_such(tmp_path, limit):
+    """Not every line "longer than the model's maximum of 0": the argument is named."""
+    path = write(tmp_path / "t.jsonl", [{"timestamp": 0, "session_id": "s", "input_ids": [1, 2], "output_length": 1}])
+    with pytest.raises(TraceFormatError, match=f"max_tokens must be a positive integer or None, got {limit!r}"):
+        read_trace(path, max_tokens=limit)
+    assert len(read_trace(path, max_tokens=3).requests) == 1
+
+
 # --- fuzz: random bytes and random JSON structures, one per line ---
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402
