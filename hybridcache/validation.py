@@ -34,6 +34,7 @@ __all__ = [
     "check_request_id",
     "unhashable_request_id",
     "check_text",
+    "integer_at_least",
 ]
 
 
@@ -47,6 +48,15 @@ def _integer(value: object) -> int | None:
         return operator.index(value)  # type: ignore[arg-type]
     except TypeError:
         return None
+
+
+def integer_at_least(value: object, minimum: int) -> int | None:
+    """``value`` as an ``int`` (Python or NumPy integer; not bool, float or NaN) if it is at
+    least ``minimum``, else ``None``: the one test behind every "an int >= N" argument, each
+    caller raising its own error (``ConfigError`` for a setting, ``ValueError`` in the
+    simulator's generator, ``TraceFormatError`` in its reader)."""
+    n = _integer(value)
+    return n if n is not None and n >= minimum else None
 
 
 def as_count(value: object, what: str) -> int:
@@ -130,8 +140,7 @@ def check_digests(digests: object, token_ids: object, request_id: object) -> int
 # ---------------------------------------------------------------------- settings
 def _positive_int(cfg: object, field: str, minimum: int = 1) -> None:
     value = getattr(cfg, field)
-    n = _integer(value)
-    if n is None or n < minimum:
+    if integer_at_least(value, minimum) is None:
         raise ConfigError(f"{field} must be an int >= {minimum}, got {value!r}")
 
 

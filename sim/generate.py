@@ -25,13 +25,13 @@ from one ``numpy`` generator seeded with ``seed``: the same arguments give the s
 from __future__ import annotations
 
 import heapq
-import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from hybridcache.sim.traces import TraceRequest
+from hybridcache.validation import integer_at_least
 
 KINDS = ("chat", "agent", "docs", "mixed", "agentic")
 VOCAB = 32_000
@@ -127,7 +127,7 @@ def _check_args(kind: str, requests: object, seed: object, tenants: object) -> N
     if kind not in KINDS:
         raise ValueError(f"unknown workload kind {kind!r}; known: {', '.join(KINDS)}")
     for name, value, least in (("requests", requests, 1), ("seed", seed, 0), ("tenants", tenants, 1)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+        if integer_at_least(value, least) is None:
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 

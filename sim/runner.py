@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import multiprocessing as mp
-import numbers
 import sys
 from collections.abc import Hashable, Iterable, Sequence, Sized
 from concurrent.futures import ProcessPoolExecutor
@@ -25,6 +24,7 @@ from hybridcache.sim.replay import BlockDigests, Replay, RunResult
 from hybridcache.sim.sizes import format_bytes
 from hybridcache.sim.traces import Trace, TraceFormatError, block_count_problem, length_problem
 from hybridcache.spec import ModelSpec
+from hybridcache.validation import integer_at_least
 
 #: Marconi tunes alpha once the cache has filled: each candidate replays the trace up to
 #: TUNE_AFTER_FILL times the requests that filled it (at least TUNE_MIN_REQUESTS, at most
@@ -147,9 +147,10 @@ def sweep(
     """
     spec = get_preset(model)
     if hash_unit is not None:
-        if isinstance(hash_unit, bool) or not isinstance(hash_unit, numbers.Integral) or hash_unit < 1:
+        unit = integer_at_least(hash_unit, 1)  # a NumPy integer as well, as an int
+        if unit is None:
             raise ConfigError(f"hash_unit must be an int >= 1, got {hash_unit!r}")
-        hash_unit = int(hash_unit)  # a NumPy integer as well, as the generator takes them
+        hash_unit = unit
     policies, capacities = _listed("policies", policies), _listed("capacities", capacities)
     _check_requests(trace, spec)
     unit = default_unit(trace) if hash_unit is None else hash_unit

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridcache.errors import HybridCacheError
+from hybridcache.validation import integer_at_least
 
 FORMATS = ("auto", "mooncake", "tokens")
 #: Tokens per block of a Mooncake trace (the default of ``block_tokens``).
@@ -108,11 +109,15 @@ def read_trace(
     if fmt not in FORMATS:
         raise TraceFormatError(f"unknown trace format {fmt!r}; known: {', '.join(FORMATS)}")
     block = MOONCAKE_BLOCK if block_tokens is None else block_tokens
-    if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+    checked = integer_at_least(block, 1)
+    if checked is None:
         raise TraceFormatError(f"block_tokens must be a positive integer, got {block_tokens!r}")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens <= 0):
-        # Otherwise every line would be "longer than the model's maximum of 0".
-        raise TraceFormatError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+    block = checked
+    if max_tokens is not None:
+        limit = integer_at_least(max_tokens, 1)
+        if limit is None:  # otherwise every line would be "longer than the model's maximum of 0"
+            raise TraceFormatError(f"max_tokens must be a positive integer or None, got {max_tokens!r}")
+        max_tokens = limit
     path = Path(path)
     lines = list(_lines(path))
     _refuse_json_array(path, lines)
