@@ -4,7 +4,7 @@
     python benchmarks/sweep_adaptive.py mooncake [--trace PATH] [--json OUT]
     python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
                                         [--seeds 0,1] [--requests 200] [--tenants 2]
-                                        [--max-model-len N] [--json OUT]
+                                        [--max-model-len N] [--shapes 1001,1002] [--json OUT]
 
 For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
 fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
@@ -29,6 +29,7 @@ from pathlib import Path
 from hybridcache.presets import get_preset, preset_names, register_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.runner import sweep
+from hybridcache.sim.shapes import Shape
 from hybridcache.sim.traces import Trace, read_trace
 from hybridcache.sim.vllm_native import NativeUnavailable
 
@@ -113,6 +114,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--tenants", type=int, default=2)
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--shapes", default=None,
+                   help="comma-separated shape seeds: each kind and seed also generated at the shape "
+                        "drawn from each (hybridcache.sim.shapes: held-out lengths, counts and rates); "
+                        "default: the kinds as built only")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     rows: list[dict] = []
@@ -121,11 +126,15 @@ def main(argv: list[str] | None = None) -> None:
         doc = sweep_available(read_trace(args.trace), model, [g << 30 for g in (8, 32, 128, 256)])
         rows += cells(doc, "mooncake")
     else:
-        for kind in args.kinds.split(","):
-            for seed in (int(s) for s in args.seeds.split(",")):
-                reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants)
-                doc = sweep_available(Trace(f"<{kind}:{seed}>", "tokens", reqs), model, [g << 30 for g in (1, 2, 4, 8, 16)])
-                rows += cells(doc, f"{kind}:{seed}")
+        shapes = [None] if args.shapes is None else [Shape.draw(int(s)) for s in args.shapes.split(",")]
+        names = {None: ""} if args.shapes is None else dict(zip(shapes, (f"~s{s}" for s in args.shapes.split(","))))
+        for shape in shapes:
+            for kind in args.kinds.split(","):
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants, shape=shape)
+                    label = f"{kind}:{seed}{names[shape]}"
+                    doc = sweep_available(Trace(f"<{label}>", "tokens", reqs), model, [g << 30 for g in (1, 2, 4, 8, 16)])
+                    rows += cells(doc, label)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(markdown(rows))

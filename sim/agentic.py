@@ -26,6 +26,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from hybridcache.sim.generate import VOCAB, _Gen, _Session
+from hybridcache.sim.shapes import scaled
 from hybridcache.sim.traces import TraceRequest
 
 #: Log-normal think time: median 10 s, p90 160 s (z(0.9) = 1.2816), capped at an hour.
@@ -45,7 +46,10 @@ class _Context:
 
     def __init__(self, g: _Gen, head: np.ndarray, sid: str) -> None:
         self.g, self.sid = g, sid
-        self.buf = np.empty(CONTEXT_MAX + 40_000, dtype=np.uint32)
+        # Room for the longest context the shape allows and a step past it (a head longer
+        # than that, from a large shape, gets its own room: the next step compacts it).
+        size = max(len(head), round(CONTEXT_MAX * max(1.0, g.shape.prefix))) + round(40_000 * _grow(g))
+        self.buf = np.empty(size, dtype=np.uint32)
         self.n = 0
         self.push(head)
 
@@ -69,55 +73,70 @@ class _Context:
         )
 
 
+def _grow(g: _Gen) -> float:
+    """The most a shape scales one step's tokens (an append and an output)."""
+    return max(1.0, g.shape.message, g.shape.output)
+
+
 def think(g: _Gen) -> float:
     return min(THINK_CAP_S, float(g.rng.lognormal(math.log(THINK_MEDIAN_S), THINK_SIGMA)))
 
 
 def _tool_result(g: _Gen) -> int:
-    """Tokens a step appends: a tool result or a user message (median ~400, long tail)."""
-    return int(min(8000, max(20, g.rng.lognormal(math.log(400.0), 1.0))))
+    """Tokens a step appends: a tool result or a user message (median ~400, long tail;
+    scaled by the shape's ``message``)."""
+    m = g.shape.message
+    return int(min(8000 * m, max(20 * m, g.rng.lognormal(math.log(400.0 * m), 1.0))))
 
 
 def _output(g: _Gen) -> int:
-    return int(g.rng.integers(30, 400))
+    return g.count(30, 399, g.shape.output)
 
 
 def _session(g: _Gen, tenant: str, harness: np.ndarray, sub_harness: np.ndarray,
              sid: str, start: float) -> Iterator[TraceRequest]:
     """One agent session: main steps, sub-agents in between, compaction when it is long."""
-    steps = int(g.rng.integers(40, 240))
+    sh = g.shape
+    steps = g.count(40, 239, sh.turns)
     t = start
-    ctx = _Context(g, np.concatenate([harness, g.tokens(30_000, 50_000)]), sid)
+    ctx = _Context(g, np.concatenate([harness, g.tokens(*scaled(30_000, 50_000, sh.prefix))]), sid)
     n_sub = n_compact = 0
     for _ in range(steps):
         append, out = _tool_result(g), _output(g)
-        limit = int(g.rng.integers(150_000, CONTEXT_MAX))
-        early = ctx.n > COMPACT_EARLY_FROM and g.rng.random() < COMPACT_P
-        if ctx.n + append + out > limit or early or ctx.room() < 20_000:
+        limit = g.count(150_000, CONTEXT_MAX - 1, sh.prefix)
+        early = ctx.n > COMPACT_EARLY_FROM * sh.prefix and g.rng.random() < COMPACT_P
+        # (room below one step's tokens: only a shape's long appends reach it)
+        if ctx.n + append + out > limit or early or ctx.room() < 20_000 or ctx.room() < append + out:
             # Compaction: a summary and a few files re-read replace the context.
             n_compact += 1
-            head = np.concatenate([harness, g.tokens(2_000, 8_000), g.tokens(20_000, 40_000)])
+            head = np.concatenate([harness, g.tokens(*scaled(2_000, 8_000, sh.prefix)),
+                                   g.tokens(*scaled(20_000, 40_000, sh.prefix))])
             ctx = _Context(g, head, f"{sid}/c{n_compact}")
         yield ctx.step(tenant, t, append, out)
         t += think(g) + 1.0
         if g.rng.random() < SUBAGENT_P:
             n_sub += 1
-            sub = _Context(g, np.concatenate([sub_harness, g.tokens(500, 3_000)]), f"{sid}/s{n_sub}")
-            for _ in range(int(g.rng.integers(3, 11))):
+            sub = _Context(g, np.concatenate([sub_harness, g.tokens(*scaled(500, 3_000, sh.prefix))]),
+                           f"{sid}/s{n_sub}")
+            for _ in range(g.count(3, 10, sh.turns)):
                 if sub.room() < 20_000:
                     break
-                yield sub.step(tenant, t, _tool_result(g), _output(g))
+                append, out = _tool_result(g), _output(g)
+                if sub.room() < append + out:
+                    break
+                yield sub.step(tenant, t, append, out)
                 t += think(g) + 1.0
             # The sub-agent's result comes back to the parent as the next step's append.
 
 
 def agentic_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
     """Sessions arriving at ``rate`` per second (each carries its own request stream)."""
-    harness = {t: g.tokens(8_000, 16_000) for t in g.tenants}
-    sub_harness = {t: g.tokens(3_000, 6_000) for t in g.tenants}
+    sh = g.shape
+    harness = {t: g.tokens(*scaled(8_000, 16_000, sh.prefix)) for t in g.tenants}
+    sub_harness = {t: g.tokens(*scaled(3_000, 6_000, sh.prefix)) for t in g.tenants}
     t = 0.0
     while True:
-        t += float(g.rng.exponential(1.0 / rate))
+        t += float(g.rng.exponential(1.0 / (rate * sh.pace)))
         tenant = g.tenant()
         sid = g.sid("agentic")
         stream = _session(g, tenant, harness[tenant], sub_harness[tenant], sid, t)

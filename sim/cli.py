@@ -33,6 +33,7 @@ from hybridcache.sim.generate import KINDS, generate
 from hybridcache.sim.policies import POLICIES
 from hybridcache.sim.report import format_summary, plot, write_json
 from hybridcache.sim.runner import sweep
+from hybridcache.sim.shapes import Shape
 from hybridcache.sim.sizes import format_bytes, parse_sizes
 from hybridcache.sim.traces import FORMATS, MOONCAKE_BLOCK, Trace, read_trace, write_token_trace
 
@@ -110,6 +111,9 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--requests", type=int, required=True, help="number of requests")
     g.add_argument("--seed", type=int, default=0, help="generator seed")
     g.add_argument("--tenants", type=int, default=2, help="number of tenants")
+    g.add_argument("--shape", type=int, default=None, metavar="SEED",
+                   help="scale the kind's lengths, counts and rates by a shape drawn from SEED "
+                        "(held-out workloads; default: the kind as built)")
     g.add_argument("-o", "--output", required=True, help="trace file to write")
 
     sub.add_parser("presets", help="list model presets", **kw)
@@ -204,11 +208,13 @@ def _write_csv(doc: dict, path: Path) -> None:
 
 def _generate(args: argparse.Namespace) -> int:
     out = check_output(args.output, "--output")
-    reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants)
+    shape = None if args.shape is None else Shape.draw(args.shape)
+    reqs = generate(args.kind, args.requests, seed=args.seed, tenants=args.tenants, shape=shape)
     write_token_trace(out, reqs)
     toks = sum(r.input_length for r in reqs)
+    shaped = "" if shape is None else f", shape {shape.label()}"
     print(f"wrote {len(reqs)} {args.kind} requests ({toks:,} prompt tokens, "
-          f"{args.tenants} tenants) to {out}")
+          f"{args.tenants} tenants{shaped}) to {out}")
     return 0
 
 

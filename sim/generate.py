@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hybridcache.sim.shapes import Shape, scaled
 from hybridcache.sim.traces import TraceRequest
 from hybridcache.validation import integer_at_least
 
@@ -54,10 +55,16 @@ class _Session:
 
 
 class _Gen:
-    def __init__(self, seed: int, tenants: int) -> None:
+    def __init__(self, seed: int, tenants: int, shape: Shape | None = None) -> None:
         self.rng = np.random.default_rng(seed)
         self.tenants = [f"tenant{i}" for i in range(max(1, tenants))]
         self.n_sessions = 0
+        self.shape = shape or Shape()
+
+    def count(self, lo: int, hi: int, factor: float) -> int:
+        """A count drawn from ``lo..hi`` (both included), the range scaled by ``factor``."""
+        a, b = scaled(lo, hi, factor)
+        return int(self.rng.integers(a, b + 1))
 
     def tokens(self, lo: int, hi: int | None = None) -> np.ndarray:
         n = lo if hi is None else int(self.rng.integers(lo, hi + 1))
@@ -72,37 +79,43 @@ class _Gen:
 
 
 def _chat_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
-    system = {t: g.tokens(600, 1800) for t in g.tenants}
+    sh = g.shape
+    system = {t: g.tokens(*scaled(600, 1800, sh.prefix)) for t in g.tenants}
+    msg, out = scaled(40, 400, sh.message), scaled(80, 500, sh.output)
     t = 0.0
     while True:
-        t += float(g.rng.exponential(1.0 / rate))
+        t += float(g.rng.exponential(1.0 / (rate * sh.pace)))
         tenant = g.tenant()
-        turns = int(g.rng.integers(2, 9))
-        yield _Session(tenant, g.sid("chat"), system[tenant], turns, (40, 400), (80, 500), 20.0, t)
+        turns = g.count(2, 8, sh.turns)
+        yield _Session(tenant, g.sid("chat"), system[tenant], turns, msg, out, 20.0, t)
 
 
 def _agent_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
-    tools = {t: g.tokens(3000, 7000) for t in g.tenants}
+    sh = g.shape
+    tools = {t: g.tokens(*scaled(3000, 7000, sh.prefix)) for t in g.tenants}
+    msg, out = scaled(150, 1500, sh.message), scaled(30, 200, sh.output)
     t = 0.0
     while True:
-        t += float(g.rng.exponential(1.0 / rate))
+        t += float(g.rng.exponential(1.0 / (rate * sh.pace)))
         tenant = g.tenant()
-        task = np.concatenate([tools[tenant], g.tokens(100, 600)])
-        turns = int(g.rng.integers(4, 16))
-        yield _Session(tenant, g.sid("agent"), task, turns, (150, 1500), (30, 200), 4.0, t)
+        task = np.concatenate([tools[tenant], g.tokens(*scaled(100, 600, sh.prefix))])
+        turns = g.count(4, 15, sh.turns)
+        yield _Session(tenant, g.sid("agent"), task, turns, msg, out, 4.0, t)
 
 
 def _docs_sessions(g: _Gen, rate: float) -> Iterator[_Session]:
-    n_docs = 12
-    docs = {t: [g.tokens(6000, 24000) for _ in range(n_docs)] for t in g.tenants}
-    pop = 1.0 / np.arange(1, n_docs + 1) ** 1.1
+    sh = g.shape
+    n_docs = sh.docs
+    docs = {t: [g.tokens(*scaled(6000, 24000, sh.prefix)) for _ in range(n_docs)] for t in g.tenants}
+    pop = 1.0 / np.arange(1, n_docs + 1) ** sh.skew
     pop /= pop.sum()
+    msg, out = scaled(20, 200, sh.message), scaled(50, 300, sh.output)
     t = 0.0
     while True:
-        t += float(g.rng.exponential(1.0 / rate))
+        t += float(g.rng.exponential(1.0 / (rate * sh.pace)))
         tenant = g.tenant()
         doc = docs[tenant][int(g.rng.choice(n_docs, p=pop))]
-        yield _Session(tenant, g.sid("docs"), doc, 1, (20, 200), (50, 300), 0.0, t)
+        yield _Session(tenant, g.sid("docs"), doc, 1, msg, out, 0.0, t)
 
 
 def _session_requests(g: _Gen, s: _Session) -> Iterator[TraceRequest]:
@@ -131,17 +144,24 @@ def _check_args(kind: str, requests: object, seed: object, tenants: object) -> N
             raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
 
 
-def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2) -> list[TraceRequest]:
+def generate(kind: str, requests: int, seed: int = 0, tenants: int = 2,
+             shape: Shape | None = None) -> list[TraceRequest]:
     """``requests`` requests of workload ``kind``, in timestamp order (see module docstring).
+
+    ``shape`` scales the kind's lengths, counts and rates (:mod:`hybridcache.sim.shapes`:
+    held-out workloads); the default shape gives the kinds as built.
 
     Raises:
         ValueError: unknown kind, or a count, seed or tenant count that is not an int of at
-            least 1, 0 and 1 (a tenant count of 0 gave one tenant, and 5.5 requests six).
+            least 1, 0 and 1 (a tenant count of 0 gave one tenant, and 5.5 requests six),
+            or a shape that is not a :class:`Shape`.
     """
     from hybridcache.sim.agentic import agentic_sessions  # it builds on _Gen and _Session
 
     _check_args(kind, requests, seed, tenants)
-    g = _Gen(seed, tenants)
+    if shape is not None and not isinstance(shape, Shape):
+        raise ValueError(f"shape must be a Shape, got {shape!r}")
+    g = _Gen(seed, tenants, shape)
     sources = {
         "chat": [_chat_sessions(g, 0.5)],
         "agent": [_agent_sessions(g, 0.3)],

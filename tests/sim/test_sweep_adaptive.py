@@ -53,9 +53,9 @@ def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_p
     seen: list[int] = []
     real_generate = mod.generate
 
-    def generate(kind, n, seed=0, tenants=2):
+    def generate(kind, n, seed=0, tenants=2, shape=None):
         seen.append(tenants)
-        return real_generate(kind, n, seed=seed, tenants=tenants)
+        return real_generate(kind, n, seed=seed, tenants=tenants, shape=shape)
 
     monkeypatch.setattr(mod, "generate", generate)
     args = ["generated", "--model", "nemotron-h-8b", "--kinds", "agent", "--seeds", "31", "--requests", "40"]
@@ -68,3 +68,31 @@ def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_p
     assert get_preset("nemotron-h-8b").max_model_len == 8192
     rows = json.loads(out.read_text())
     assert [r["trace"] for r in rows] == ["agent:31"] * 5 and "of 5 cells behind" in capsys.readouterr().out
+
+
+def test_shapes_generate_each_kind_and_seed_at_each_drawn_shape(monkeypatch, tmp_path):
+    """``--shapes`` generates every kind and seed again at each shape drawn from the seeds
+    given, and labels the rows by shape; without it every trace is the kind as built."""
+    import json
+
+    from hybridcache.sim.shapes import Shape
+
+    mod = _sweep_module()
+    monkeypatch.setattr(mod, "POLICIES", ["hybridcache", "hybridcache-adaptive", "sglang", "kv-only"])
+    shapes: list[object] = []
+    real_generate = mod.generate
+
+    def generate(kind, n, seed=0, tenants=2, shape=None):
+        shapes.append(shape)
+        return real_generate(kind, n, seed=seed, tenants=tenants, shape=shape)
+
+    monkeypatch.setattr(mod, "generate", generate)
+    out = tmp_path / "rows.json"
+    mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30",
+              "--shapes", "7,8", "--json", str(out)])
+    assert shapes == [Shape.draw(7), Shape.draw(8)] and Shape.draw(7) != Shape.draw(8)
+    rows = json.loads(out.read_text())
+    assert [r["trace"] for r in rows] == ["chat:5~s7"] * 5 + ["chat:5~s8"] * 5
+    shapes.clear()
+    mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30", "--json", str(out)])
+    assert shapes == [None]
