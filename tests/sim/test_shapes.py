@@ -15,7 +15,15 @@ import pytest
 
 from hybridcache.sim.cli import main
 from hybridcache.sim.generate import KINDS, generate
-from hybridcache.sim.shapes import DOCS_RANGE, LENGTH_SPAN, PACE_SPAN, SKEW_RANGE, TURN_SPAN, Shape, scaled
+from hybridcache.sim.shapes import (
+    DOCS_RANGE,
+    LENGTH_SPAN,
+    PACE_SPAN,
+    SKEW_RANGE,
+    TURN_SPAN,
+    Shape,
+    scaled,
+)
 
 #: sha256 of every kind's first 60 requests at seeds 0 and 3, generated before shapes existed
 #: (commit d5ff6fc): the default shape draws and scales nothing.

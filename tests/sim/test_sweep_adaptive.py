@@ -37,6 +37,22 @@ def test_block_trace_leaves_out_vllm_native(capsys):
     assert len(rows) == 1 and rows[0]["best_other"] != "kv-only"
 
 
+def _sweep_recording(monkeypatch, argument: str) -> tuple[object, list]:
+    """The sweep module with four policies, its generator wrapped to record one argument
+    (``tenants`` or ``shape``) of every call."""
+    mod = _sweep_module()
+    monkeypatch.setattr(mod, "POLICIES", ["hybridcache", "hybridcache-adaptive", "sglang", "kv-only"])
+    seen: list = []
+    real_generate = mod.generate
+
+    def generate(kind, n, seed=0, tenants=2, shape=None):
+        seen.append({"tenants": tenants, "shape": shape}[argument])
+        return real_generate(kind, n, seed=seed, tenants=tenants, shape=shape)
+
+    monkeypatch.setattr(mod, "generate", generate)
+    return mod, seen
+
+
 def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_path, capsys):
     """``--tenants`` reaches the generator, and ``--max-model-len`` serves a preset past its
     own limit as ``NAME@N``; without it, the first long request is refused before any replay."""
@@ -48,16 +64,7 @@ def test_held_out_settings_tenants_and_a_longer_max_model_len(monkeypatch, tmp_p
 
     presets.preset_names()  # the adapters' presets in, then the registry restored after the test
     monkeypatch.setattr(presets, "_PRESETS", dict(presets._PRESETS))
-    mod = _sweep_module()
-    monkeypatch.setattr(mod, "POLICIES", ["hybridcache", "hybridcache-adaptive", "sglang", "kv-only"])
-    seen: list[int] = []
-    real_generate = mod.generate
-
-    def generate(kind, n, seed=0, tenants=2, shape=None):
-        seen.append(tenants)
-        return real_generate(kind, n, seed=seed, tenants=tenants, shape=shape)
-
-    monkeypatch.setattr(mod, "generate", generate)
+    mod, seen = _sweep_recording(monkeypatch, "tenants")
     args = ["generated", "--model", "nemotron-h-8b", "--kinds", "agent", "--seeds", "31", "--requests", "40"]
     with pytest.raises(InvalidRequestError, match=r"longer than the model's maximum of 8,192 \('nemotron-h-8b'.s max_model_len\)"):
         mod.main(args)
@@ -77,16 +84,7 @@ def test_shapes_generate_each_kind_and_seed_at_each_drawn_shape(monkeypatch, tmp
 
     from hybridcache.sim.shapes import Shape
 
-    mod = _sweep_module()
-    monkeypatch.setattr(mod, "POLICIES", ["hybridcache", "hybridcache-adaptive", "sglang", "kv-only"])
-    shapes: list[object] = []
-    real_generate = mod.generate
-
-    def generate(kind, n, seed=0, tenants=2, shape=None):
-        shapes.append(shape)
-        return real_generate(kind, n, seed=seed, tenants=tenants, shape=shape)
-
-    monkeypatch.setattr(mod, "generate", generate)
+    mod, shapes = _sweep_recording(monkeypatch, "shape")
     out = tmp_path / "rows.json"
     mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30",
               "--shapes", "7,8", "--json", str(out)])
