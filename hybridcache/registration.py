@@ -114,6 +114,16 @@ class CommitRegistrar:
             return
         if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
             m.index.demote_snapshot(node)
+            if req.resumed_from is not None:
+                # A session's turn (it extended the turn before: hybridcache.superseded): its
+                # turn end was valued over the prompt end, the output's tokens only, and is
+                # what the next turn resumes from; with the prompt end first to go it saves
+                # the whole turn, so it is valued from where the prompt end was. A request
+                # that did not extend a turn (a document's question) keeps the output's
+                # value: nothing says a next turn will come.
+                base = req.last_snapshot_boundary(b, mark=False)
+                flops = m.spec.flops.prefill_flops(base, turn_end)
+                m.index.raise_snapshot_value(end_node, min(flops, m._snap_flops_cap))
 
     def quota(self, tenant: str | None) -> int | None:
         m = self._m

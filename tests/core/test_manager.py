@@ -333,6 +333,36 @@ def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
     assert m.index.evictions == {"kv": 0, "state": 1} and node.snap < 0
 
 
+def test_a_session_turn_end_is_valued_past_the_prompt_end_ranked_first_before_it():
+    """A turn end is registered with the value of the stretch past the prompt end (the
+    output's tokens). Once the prompt end is ranked first to evict, the turn end of a
+    session's turn (a request that extended the turn before) saves the whole turn, from
+    where the session resumed: it is valued so, and under pressure it outlives a state worth
+    less than the turn (a one-off prompt's end), where valued at the output alone it went
+    first. A request that extended nothing (a first turn, a document's question) keeps the
+    output's value: nothing says a next turn will come."""
+    m = mgr(admission="last-token+turn-end", eviction="value")
+    flops, cap = m.spec.flops.prefill_flops, m._snap_flops_cap
+
+    def state_at(tokens: int):
+        return next(n for n in m.index.nodes.values() if n.snap >= 0 and n.depth == tokens // U - 1)
+
+    serve(m, "old", list(range(500, 522)))  # its prompt end at 20: nothing supersedes it
+    first = list(range(20))
+    serve(m, "t1", first, output=[100, 101, 102, 103])  # prompt end at 16, turn end at 24
+    assert state_at(24).snap_flops == flops(16, 24)
+    res, _ = serve(m, "t2", first + [100, 101, 102, 103] + list(range(200, 216)), output=[300, 301, 302, 303])
+    assert res.hit_tokens == 24  # it resumed from t1's turn end: prompt end at 36, turn end at 44
+    old, end = state_at(20), state_at(44)
+    assert flops(36, 44) < old.snap_flops == min(flops(0, 20), cap) < min(flops(24, 44), cap)
+    assert end.snap_flops == min(flops(24, 44), cap)
+    while old.snap >= 0 and end.snap >= 0 and m.index.evict_one():
+        pass
+    gone = [name for name, n in (("old", old), ("end", end)) if n.snap < 0]
+    assert gone == ["old"], gone
+    m.check_invariants()
+
+
 def test_prompt_end_snapshot_of_a_repeated_prompt_keeps_its_rank():
     m = mgr(admission="last-token+turn-end+branch-point", eviction="lru")
     prompt = list(range(22))
