@@ -35,6 +35,7 @@ __all__ = [
     "unhashable_request_id",
     "check_text",
     "integer_at_least",
+    "number_at_least",
 ]
 
 
@@ -57,6 +58,18 @@ def integer_at_least(value: object, minimum: int) -> int | None:
     simulator's generator, ``TraceFormatError`` in its reader)."""
     n = _integer(value)
     return n if n is not None and n >= minimum else None
+
+
+def number_at_least(value: object, minimum: float, *, strict: bool = False) -> float | None:
+    """``value`` as a ``float`` if it is a finite real number (not bool, NaN or infinite) at
+    least ``minimum`` (above it where ``strict``), else ``None``: the one test behind every
+    "a finite number >= x" argument, each caller raising its own error."""
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    x = float(value)
+    if not math.isfinite(x) or x < minimum or (strict and x == minimum):
+        return None
+    return x
 
 
 def as_count(value: object, what: str) -> int:
@@ -168,7 +181,7 @@ def check_cache_config(cfg: Any) -> None:
         _str_field(cfg, field)
     check_text(_str_field(cfg, "hash_seed"), "hash_seed", ConfigError)
     alpha = cfg.marconi_alpha
-    if isinstance(alpha, bool) or not isinstance(alpha, Real) or not math.isfinite(alpha) or alpha < 0:
+    if number_at_least(alpha, 0.0) is None:
         raise ConfigError(f"marconi_alpha must be a finite number >= 0, got {alpha!r}")
     _check_quotas(cfg.tenant_quotas)
 

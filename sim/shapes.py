@@ -20,6 +20,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from hybridcache.validation import integer_at_least, number_at_least
+
 #: How far :meth:`Shape.draw` scales each factor, up or down (log-uniform): lengths by up
 #: to 4x, turns by up to 2x (a session's context grows with both), the arrival rate by up
 #: to 4x (how many sessions interleave), the documents per tenant between 3 and 48, and the
@@ -55,16 +57,14 @@ class Shape:
     skew: float = 1.1
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            v = getattr(self, f.name)
-            if f.name == "docs":
-                if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                    raise ValueError(f"shape docs must be an int >= 1, got {v!r}")
-            elif f.name == "skew":
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                    raise ValueError(f"shape skew must be a finite number >= 0, got {v!r}")
-            elif not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-                raise ValueError(f"shape {f.name} must be a finite number > 0, got {v!r}")
+        if integer_at_least(self.docs, 1) is None:
+            raise ValueError(f"shape docs must be an int >= 1, got {self.docs!r}")
+        if number_at_least(self.skew, 0.0) is None:
+            raise ValueError(f"shape skew must be a finite number >= 0, got {self.skew!r}")
+        for name in ("prefix", "message", "output", "turns", "pace"):
+            v = getattr(self, name)
+            if number_at_least(v, 0.0, strict=True) is None:
+                raise ValueError(f"shape {name} must be a finite number > 0, got {v!r}")
 
     @classmethod
     def draw(cls, seed: int) -> Shape:
