@@ -84,8 +84,7 @@ class CommitRegistrar:
         prev = base = req.last_snapshot_boundary(boundary, mark=not spare)
         if spare and i:  # valued from the spare below it: what it saves beyond its neighbours
             prev = max(prev, req.spare[i - 1])
-        flops = m.spec.flops.prefill_flops(prev, boundary)
-        m.index.register_snapshot(node, slot, min(flops, m._snap_flops_cap), m.tick)
+        m.index.register_snapshot(node, slot, self._value(prev, boundary), m.tick)
         m.metrics.snapshots_saved += 1
         cohort = req.cohort  # hybridcache.superseded (written out: runs per snapshot)
         if cohort is None:
@@ -95,6 +94,12 @@ class CommitRegistrar:
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
             node.snap_base = base  # what a request restoring it values its snapshots from
             m.index.demote_snapshot(node)
+
+    def _value(self, base: int, boundary: int) -> float:
+        """The prefill FLOPs a snapshot at ``boundary`` saves over one at ``base`` (capped at
+        what its bytes would hold as KV): what value eviction ranks it by."""
+        m = self._m
+        return min(m.spec.flops.prefill_flops(base, boundary), m._snap_flops_cap)
 
     def demote_prompt_end(self, req: Request, turn_end: int) -> None:
         """Rank an unused prompt-end snapshot last once the turn-end one is cached.
@@ -121,9 +126,7 @@ class CommitRegistrar:
                 # the whole turn, so it is valued from where the prompt end was. A request
                 # that did not extend a turn (a document's question) keeps the output's
                 # value: nothing says a next turn will come.
-                base = req.last_snapshot_boundary(b, mark=False)
-                flops = m.spec.flops.prefill_flops(base, turn_end)
-                m.index.raise_snapshot_value(end_node, min(flops, m._snap_flops_cap))
+                m.index.raise_snapshot_value(end_node, self._value(req.last_snapshot_boundary(b, mark=False), turn_end))
 
     def quota(self, tenant: str | None) -> int | None:
         m = self._m
