@@ -126,13 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         doc = sweep_available(read_trace(args.trace), model, [g << 30 for g in (8, 32, 128, 256)])
         rows += cells(doc, "mooncake")
     else:
-        shapes = [None] if args.shapes is None else [Shape.draw(int(s)) for s in args.shapes.split(",")]
-        names = {None: ""} if args.shapes is None else dict(zip(shapes, (f"~s{s}" for s in args.shapes.split(","))))
-        for shape in shapes:
+        shapes = [("", None)] if args.shapes is None else [(f"~s{s}", Shape.draw(int(s))) for s in args.shapes.split(",")]
+        for suffix, shape in shapes:
             for kind in args.kinds.split(","):
                 for seed in (int(s) for s in args.seeds.split(",")):
                     reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants, shape=shape)
-                    label = f"{kind}:{seed}{names[shape]}"
+                    label = f"{kind}:{seed}{suffix}"
                     doc = sweep_available(Trace(f"<{label}>", "tokens", reqs), model, [g << 30 for g in (1, 2, 4, 8, 16)])
                     rows += cells(doc, label)
     if args.json:

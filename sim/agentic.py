@@ -105,8 +105,8 @@ def _session(g: _Gen, tenant: str, harness: np.ndarray, sub_harness: np.ndarray,
         append, out = _tool_result(g), _output(g)
         limit = g.count(150_000, CONTEXT_MAX - 1, sh.prefix)
         early = ctx.n > COMPACT_EARLY_FROM * sh.prefix and g.rng.random() < COMPACT_P
-        # (room below one step's tokens: only a shape's long appends reach it)
-        if ctx.n + append + out > limit or early or ctx.room() < 20_000 or ctx.room() < append + out:
+        # (room for at least a step: a shape's long appends can need more than 20k)
+        if ctx.n + append + out > limit or early or ctx.room() < max(20_000, append + out):
             # Compaction: a summary and a few files re-read replace the context.
             n_compact += 1
             head = np.concatenate([harness, g.tokens(*scaled(2_000, 8_000, sh.prefix)),
