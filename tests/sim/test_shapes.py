@@ -67,20 +67,19 @@ def _median(values) -> float:
 def test_each_length_factor_scales_what_it_names(factor):
     """Chat: the first turn's prompt is the system prompt plus a message; later turns
     append the last output and a message. Each factor moves its own part by about itself."""
-    base = generate("chat", 400, seed=9)
+    def parts(reqs) -> dict[str, float]:
+        sessions = _sessions(reqs).values()
+        msgs = [b.input_length - a.input_length - a.output_length for s in sessions for a, b in zip(s, s[1:])]
+        return {"system": _median(s[0].input_length for s in sessions), "message": _median(msgs),
+                "output": _median(r.output_length for r in reqs)}
+
+    base = parts(generate("chat", 400, seed=9))
     for name, part in (("prefix", "system"), ("message", "message"), ("output", "output")):
-        got = generate("chat", 400, seed=9, shape=Shape(**{name: factor}))
-        parts = {}
-        for label, reqs in (("base", base), ("got", got)):
-            system = [s[0].input_length for s in _sessions(reqs).values()]
-            outputs = [r.output_length for r in reqs]
-            msgs = [b.input_length - a.input_length - a.output_length
-                    for s in _sessions(reqs).values() for a, b in zip(s, s[1:])]
-            parts[label] = {"system": _median(system), "message": _median(msgs), "output": _median(outputs)}
-        ratio = parts["got"][part] / parts["base"][part]
+        got = parts(generate("chat", 400, seed=9, shape=Shape(**{name: factor})))
+        ratio = got[part] / base[part]
         assert factor * 0.7 < ratio < factor * 1.4, (name, ratio)
         for other in {"message", "output"} - {part}:  # the system prompt carries a message
-            assert 0.7 < parts["got"][other] / parts["base"][other] < 1.4, (name, other)
+            assert 0.7 < got[other] / base[other] < 1.4, (name, other)
 
 
 def test_turns_pace_docs_and_skew_move_what_they_name():
