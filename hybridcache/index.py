@@ -389,22 +389,6 @@ class PrefixIndex(ChainWalks):
         node.snap_demoted = True  # kept through a policy switch (hybridcache.policy_switch)
         self._rank_first(node)
 
-    def raise_snapshot_value(self, node: UnitHandle, flops: float) -> None:
-        """Raise the prefill FLOPs ``node``'s cached snapshot is valued at to ``flops`` (a
-        lower figure changes nothing), and re-rank it where the eviction policy ranks by
-        FLOPs and it is queued at its own rank (a demoted or superseded one stays first).
-
-        Why: a snapshot is valued by what it saves over the snapshot below it on its
-        request's path. When that one is ranked first to evict (a prompt end whose turn
-        end is cached), the snapshot above keeps the value of the short stretch between
-        them after it is gone, though it then saves the whole stretch from the state below
-        both (:meth:`CommitRegistrar.demote_prompt_end`)."""
-        if flops <= node.snap_flops:
-            return
-        node.snap_flops = flops  # what a policy switch re-ranks by (hybridcache.policy_switch)
-        if node.snap_ref == 0 and not node.snap_demoted and not node.snap_superseded:
-            self.snap_q.revalue(node, flops, self.snap_bytes, node.snap_hits)
-
     def supersede_snapshot(self, node: UnitHandle) -> None:
         """Record that a session went past ``node``'s queued snapshot
         (:mod:`hybridcache.superseded`); under value eviction, rank it first as a demoted

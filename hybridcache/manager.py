@@ -542,8 +542,7 @@ class HybridCacheManager(SavePointControl):
         rb = req.rolling_boundary
         if req.rolling_slot >= 0:
             if finished and 0 < rb <= min(req.num_computed, req.num_tokens):
-                self._registrar.register_snapshot(req, rb, req.rolling_slot)
-                self._registrar.demote_prompt_end(req, rb)
+                self._registrar.register_turn_end(req, rb, req.rolling_slot)
             else:
                 self.arena.free_slot(req.rolling_slot)
         if req.slot >= 0:

@@ -54,11 +54,6 @@ class EvictionQueue:
     def discard(self, item: object) -> None:
         raise NotImplementedError
 
-    def revalue(self, item: object, flops: float, nbytes: int, hits: int) -> None:
-        """Queued ``item`` now saves ``flops`` (more than it was added with), its place in
-        the order unchanged otherwise: a policy that ranks by FLOPs re-ranks it, one that
-        does not (LRU) ignores it."""
-
     def hold(self, item: object) -> None:
         """``item`` is held by a request and must not be chosen until :meth:`add` again."""
         self.discard(item)

@@ -12,6 +12,7 @@ import bisect
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
+    from hybridcache.index import UnitHandle
     from hybridcache.manager import HybridCacheManager
     from hybridcache.requests import Request
 
@@ -60,7 +61,10 @@ class CommitRegistrar:
             registered += n * len(req.pages)
         m.metrics.kv_pages_registered += registered
 
-    def register_snapshot(self, req: Request, boundary: int, slot: int) -> None:
+    def register_snapshot(self, req: Request, boundary: int, slot: int, *, past: int = 0) -> None:
+        """Cache ``slot`` as the state at ``boundary``, valued by what it saves over the
+        deepest snapshot below it on ``req``'s path, or below ``past`` when that snapshot is
+        about to be ranked first (:meth:`register_turn_end`)."""
         m = self._m
         index, u = m.index, boundary // m.unit - 1
         if u >= req.units:  # not registered by this request: no KV it holds
@@ -82,6 +86,8 @@ class CommitRegistrar:
         i = bisect.bisect_left(spares, boundary) if spares else 0
         spare = i < len(spares) and spares[i] == boundary
         prev = base = req.last_snapshot_boundary(boundary, mark=not spare)
+        if past:
+            prev = req.last_snapshot_boundary(past, mark=False)
         if spare and i:  # valued from the spare below it: what it saves beyond its neighbours
             prev = max(prev, req.spare[i - 1])
         m.index.register_snapshot(node, slot, self._value(prev, boundary), m.tick)
@@ -101,32 +107,45 @@ class CommitRegistrar:
         m = self._m
         return min(m.spec.flops.prefill_flops(base, boundary), m._snap_flops_cap)
 
-    def demote_prompt_end(self, req: Request, turn_end: int) -> None:
-        """Rank an unused prompt-end snapshot last once the turn-end one is cached.
+    def register_turn_end(self, req: Request, turn_end: int, slot: int) -> None:
+        """Cache a finished request's turn-end state; rank its unused prompt-end one last.
 
         The next turn resumes from the turn end, so the prompt-end state only serves a
         repeat of the same prompt: it stays cached while memory is free (requests running
         concurrently with the same prompt need it) and goes first under pressure. Branch
         points (the prompt was a repeat already) keep their rank.
+
+        The turn end is valued over the prompt end (the output's tokens) unless this is a
+        session's turn (it extended the turn before: ``req.resumed_from``, the superseded
+        rule's evidence) and the prompt end is to go first: then the turn end is what the
+        next turn resumes from and saves the whole turn, so it is valued from below the
+        prompt end. Valued at the output alone it went before states worth less and the
+        next turn resumed from the session's tool prefix (docs/results.md, "Held-out
+        workload shapes"). A request that extended nothing (a document's question) keeps
+        the output's value: nothing says a next turn will come.
         """
+        m = self._m
+        prompt_end = self._prompt_end_to_demote(req, turn_end)
+        session = prompt_end is not None and req.resumed_from is not None
+        past = (req.prompt_len - 1) // m.unit * m.unit if session else 0
+        self.register_snapshot(req, turn_end, slot, past=past)
+        if prompt_end is None:
+            return
+        end_node = m.index.handles.get(req.hasher.digests[turn_end // m.unit - 1])
+        if end_node is not None and end_node.snap >= 0:
+            m.index.demote_snapshot(prompt_end)
+
+    def _prompt_end_to_demote(self, req: Request, turn_end: int) -> UnitHandle | None:
+        """The cached prompt-end state of ``req`` that its turn end makes last to keep, if
+        any: one this request saved (not a hit), below the turn end, never restored."""
         m = self._m
         b = (req.prompt_len - 1) // m.unit * m.unit
         if not 0 < b < turn_end <= req.units * m.unit or req.kv_hit_tokens >= b:
-            return
-        get, digests = m.index.handles.get, req.hasher.digests
-        node, end_node = get(digests[b // m.unit - 1]), get(digests[turn_end // m.unit - 1])
-        if node is None or end_node is None:
-            return
-        if end_node.snap >= 0 and node.snap >= 0 and not node.snap_hits and not node.snap_ref:
-            m.index.demote_snapshot(node)
-            if req.resumed_from is not None:
-                # A session's turn (it extended the turn before: hybridcache.superseded): its
-                # turn end was valued over the prompt end, the output's tokens only, and is
-                # what the next turn resumes from; with the prompt end first to go it saves
-                # the whole turn, so it is valued from where the prompt end was. A request
-                # that did not extend a turn (a document's question) keeps the output's
-                # value: nothing says a next turn will come.
-                m.index.raise_snapshot_value(end_node, self._value(req.last_snapshot_boundary(b, mark=False), turn_end))
+            return None
+        node = m.index.handles.get(req.hasher.digests[b // m.unit - 1])
+        if node is None or node.snap < 0 or node.snap_hits or node.snap_ref:
+            return None
+        return node
 
     def quota(self, tenant: str | None) -> int | None:
         m = self._m

@@ -24,7 +24,7 @@ The rule, one request at a time:
   new content was a session's own turn), ``C``'s other snapshots below the restored one
   that no request has restored, and the turn end ``C``'s request resumed from if that
   request was its only restore, are marked gone past: ranked first to evict, as a
-  prompt-end snapshot is once its turn end is cached (``CommitRegistrar.demote_prompt_end``),
+  prompt-end snapshot is once its turn end is cached (``CommitRegistrar.register_turn_end``),
   and still served while they are cached. A snapshot restored by another request since
   (a retried turn, a sibling) keeps its rank.
 

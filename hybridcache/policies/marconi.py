@@ -51,10 +51,6 @@ class MarconiQueue(StrandedLRUQueue):
         super().discard(item)
         self.eff.pop(item, None)
 
-    def revalue(self, item, flops, nbytes, hits):
-        if item in self.eff:
-            self.eff[item] = flops / max(nbytes, 1)
-
 
 def marconi_ranking(
     queues: dict[str, MarconiQueue], alpha: float, window: int, keep: int = 16

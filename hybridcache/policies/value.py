@@ -110,13 +110,6 @@ class ValueQueue(EvictionQueue):
     def discard(self, item):
         self._live.pop(item, None)
 
-    def revalue(self, item, flops, nbytes, hits):
-        """Raise a queued entry's priority to what ``flops`` gives at the clock now (as a
-        release would: :meth:`add` of a live entry only records a higher priority); by
-        tick (``recency``) FLOPs do not rank."""
-        if item in self._live and not self.uniform:
-            self.add(item, 0, flops, nbytes, hits)
-
     def hold(self, item):
         pass  # checked lazily when the entry reaches the top
 

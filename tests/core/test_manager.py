@@ -10,6 +10,7 @@ from hybridcache.errors import (
     OutOfSpaceError,
     UnknownNameError,
 )
+from hybridcache.events import EventLog
 from hybridcache.manager import CacheConfig, HybridCacheManager
 from hybridcache.presets import get_preset
 from tests.core.conftest import tiny_spec
@@ -351,11 +352,16 @@ def test_a_session_turn_end_is_valued_past_the_prompt_end_ranked_first_before_it
     first = list(range(20))
     serve(m, "t1", first, output=[100, 101, 102, 103])  # prompt end at 16, turn end at 24
     assert state_at(24).snap_flops == flops(16, 24)
+    m.index.events = log = EventLog()
+    stored = log.subscribe()
     res, _ = serve(m, "t2", first + [100, 101, 102, 103] + list(range(200, 216)), output=[300, 301, 302, 303])
     assert res.hit_tokens == 24  # it resumed from t1's turn end: prompt end at 36, turn end at 44
     old, end = state_at(20), state_at(44)
     assert flops(36, 44) < old.snap_flops == min(flops(0, 20), cap) < min(flops(24, 44), cap)
     assert end.snap_flops == min(flops(24, 44), cap)
+    # Valued so when it is stored: the event an offload tier ranks by carries the same value.
+    states = {e.depth: e.flops for e in stored.take() if e.action == "stored" and e.kind == "state"}
+    assert states == {36 // U - 1: min(flops(24, 36), cap), 44 // U - 1: end.snap_flops}, states
     while old.snap >= 0 and end.snap >= 0 and m.index.evict_one():
         pass
     gone = [name for name, n in (("old", old), ("end", end)) if n.snap < 0]

@@ -111,7 +111,7 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: the best fixed candidate's 0.672), the other cases unchanged (agent 0.008, agentic 0.015,
 #: chat at 4 GiB -0.004; chat at 1 GiB 0.003, docs 0.080).
 #: On 2026-12-07 a session's turn end stopped being valued at its output alone once its prompt
-#: end is ranked first (``PrefixIndex.raise_snapshot_value``; docs/results.md, "Held-out
+#: end is ranked first (``CommitRegistrar.register_turn_end``; docs/results.md, "Held-out
 #: workload shapes"): agent 0.008 -> 0.005 and agentic 0.015 -> 0.001 (both now within the
 #: target), chat at 1 GiB 0.003 -> 0.002, chat at 4 GiB -0.004 -> 0.000, docs 0.080 -> 0.064;
 #: mixed -0.035 -> 0.037: every fixed candidate's second half rose (``checkpoints-none`` 0.672

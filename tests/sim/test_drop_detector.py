@@ -21,12 +21,15 @@ Since the count rule's z bound has a floor (2026-12-06) seed 1 gains 0.007 (0.92
 setting is taken at 550, not 486).
 
 Since a session's turn end is valued past its prompt end once that is ranked first
-(2026-12-07, ``PrefixIndex.raise_snapshot_value``) the starting setting no longer falls on
+(2026-12-07, ``CommitRegistrar.register_turn_end``) the starting setting no longer falls on
 seeds 1 and 3 (0.9172 and 0.9369, no fall flagged), and where a fall is flagged the
 re-exploration no longer gains: seed 0 flags it at 783 and ends level (0.9085 against 0.9081
 without the detector), seed 2 at 743 and loses (0.9028 against 0.9121). The test moved to
 seed 0 and holds what the detector does (a fall flagged, switches after it where there were
-none), not a gain (docs/results.md, "Held-out workload shapes").
+none), not a gain (docs/results.md, "Held-out workload shapes"). With the turn end valued
+so when it is registered rather than raised a moment later (``register_turn_end``, the same
+values; the value heap's lazy order moved: docs/results.md) the library default on seed 0
+went 0.9052 -> 0.9097, and the policy ends level with it (0.9085), no longer above.
 """
 
 from __future__ import annotations
@@ -95,7 +98,9 @@ def test_a_fall_of_the_live_hits_makes_the_policy_explore_again(monkeypatch):
     assert not drops_without and drops == [783]
     assert stayed == [(0, "checkpoints-3x")] and any(n > 783 for n, _ in switches), switches
     assert with_ > without - 0.002  # measured 0.9085 against 0.9081 (module docstring)
-    assert with_ > base  # the default: 0.9052
+    # The default: 0.9052, 0.9097 since the turn end is valued when it is registered
+    # (module docstring): the adaptive policy ends level with it, not above.
+    assert with_ > base - 0.002
     assert adaptive.SHIFT_DETECTION
 
 
