@@ -121,7 +121,10 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     the sweeps where they were (Kimi seeds 5-8: 10 -> 12 cells behind, mean hit -0.0001;
     qwen3-next-80b seeds 9-10: 13 -> 12, +0.0010; Kimi long cells -0.0006) for 1 % more
     instructions (chat, 64 GiB): the shadows rarely adopt it where it leads (docs/results.md,
-    "vLLM's save points at its block boundaries"). Where the block is the unit, its
+    "vLLM's save points at its block boundaries"). Measured again on 2026-12-07 (nine sets):
+    cells behind 99 -> 95 of 600 and the mean hit up on seven sets, but down on kimi-k3
+    (-0.0031, an early lead taken and then lost), flat on nemotron-h-8b, for 1.9 % more
+    instructions ("A session's turn end valued when it is registered"). Where the block is the unit, its
     admission is ``seen-twice-recency``'s (and the set does not grow)."""
     block = round_up(vllm_align_block(spec), unit)
     admission = f"last-block:{block}+branch-point" if block > unit else "last-token+branch-point"
