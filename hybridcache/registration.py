@@ -126,8 +126,9 @@ class CommitRegistrar:
         """
         m = self._m
         prompt_end = self._prompt_end_to_demote(req, turn_end)
-        session = prompt_end is not None and req.resumed_from is not None
-        past = (req.prompt_len - 1) // m.unit * m.unit if session else 0
+        past = 0
+        if prompt_end is not None and req.resumed_from is not None:  # a session's turn
+            past = (prompt_end.depth + 1) * m.unit  # the prompt end's boundary
         self.register_snapshot(req, turn_end, slot, past=past)
         if prompt_end is None:
             return
