@@ -61,25 +61,34 @@ class CommitRegistrar:
             registered += n * len(req.pages)
         m.metrics.kv_pages_registered += registered
 
-    def register_snapshot(self, req: Request, boundary: int, slot: int, *, past: int = 0) -> None:
+    def register_snapshot(self, req: Request, boundary: int, slot: int, *,
+                          past: int = 0) -> UnitHandle | None:
         """Cache ``slot`` as the state at ``boundary``, valued by what it saves over the
         deepest snapshot below it on ``req``'s path, or below ``past`` when that snapshot is
-        about to be ranked first (:meth:`register_turn_end`)."""
+        about to be ranked first (:meth:`register_turn_end`).
+
+        Returns:
+            The handle whose state is cached at ``boundary`` now (this slot's, or an equal
+            one another request cached first), or ``None`` where none is.
+        """
         m = self._m
         index, u = m.index, boundary // m.unit - 1
         if u >= req.units:  # not registered by this request: no KV it holds
             m.arena.free_slot(slot)
-            return
+            return None
         node = index.handles.get(req.hasher.digests[u])
+        if node is not None and node.snap >= 0:
+            m.arena.free_slot(slot)  # duplicate: the cached one stays
+            return node
         run = node.run if node is not None else req.held_run(u)
-        if run is None or (node is not None and node.snap >= 0):
-            m.arena.free_slot(slot)  # duplicate or unregistered KV: drop
-            return
+        if run is None:
+            m.arena.free_slot(slot)  # unregistered KV: drop
+            return None
         quota = self.quota(req.tenant) if m.config.tenant_quotas else None
         if quota is not None and index.tenant_bytes.get(req.tenant, 0) + index.snap_bytes > quota:
             m.metrics.quota_rejections += 1
             m.arena.free_slot(slot)
-            return
+            return None
         if node is None:
             node = index.handle(run, u - run.first)
         spares = req.spare  # spare boundaries, in increasing order (empty without the rule)
@@ -100,6 +109,7 @@ class CommitRegistrar:
         if spare:  # the spare-interval rule's: first to evict (hybridcache.admission)
             node.snap_base = base  # what a request restoring it values its snapshots from
             m.index.demote_snapshot(node)
+        return node
 
     def _value(self, base: int, boundary: int) -> float:
         """The prefill FLOPs a snapshot at ``boundary`` saves over one at ``base`` (capped at
@@ -129,11 +139,8 @@ class CommitRegistrar:
         past = 0
         if prompt_end is not None and req.resumed_from is not None:  # a session's turn
             past = (prompt_end.depth + 1) * m.unit  # the prompt end's boundary
-        self.register_snapshot(req, turn_end, slot, past=past)
-        if prompt_end is None:
-            return
-        end_node = m.index.handles.get(req.hasher.digests[turn_end // m.unit - 1])
-        if end_node is not None and end_node.snap >= 0:
+        cached = self.register_snapshot(req, turn_end, slot, past=past)
+        if prompt_end is not None and cached is not None:
             m.index.demote_snapshot(prompt_end)
 
     def _prompt_end_to_demote(self, req: Request, turn_end: int) -> UnitHandle | None:
