@@ -335,10 +335,11 @@ def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
 
 
 def test_a_session_turn_end_is_valued_past_the_prompt_end_ranked_first_before_it():
-    """A turn end is registered with the value of the stretch past the prompt end (the
-    output's tokens). Once the prompt end is ranked first to evict, the turn end of a
+    """A turn end is valued by the stretch past the prompt end (the output's tokens). Where
+    the prompt end is ranked first to evict as the turn end is cached, the turn end of a
     session's turn (a request that extended the turn before) saves the whole turn, from
-    where the session resumed: it is valued so, and under pressure it outlives a state worth
+    where the session resumed: it is registered at that value (and its ``stored`` event
+    carries it), and under pressure it outlives a state worth
     less than the turn (a one-off prompt's end), where valued at the output alone it went
     first. A request that extended nothing (a first turn, a document's question) keeps the
     output's value: nothing says a next turn will come."""
