@@ -334,6 +334,20 @@ def test_prompt_end_snapshot_ranks_last_once_the_turn_end_is_cached(eviction):
     assert m.index.evictions == {"kv": 0, "state": 1} and node.snap < 0
 
 
+def test_prompt_end_keeps_its_rank_when_the_turn_end_is_refused():
+    """The prompt end is ranked first only once the turn end is cached: where the tenant's
+    quota refuses the turn end, the prompt end is the request's deepest state and keeps its
+    rank (the next turn resumes from it)."""
+    sizes = mgr().index
+    quota = 8 * sizes.node_kv_bytes + sizes.snap_bytes  # the KV and the prompt end only
+    m = mgr(admission="last-token+turn-end", eviction="value", tenant_quotas={"*": quota})
+    serve(m, "a", list(range(22)), output=list(range(100, 110)))  # snapshots at 20 and 32
+    cached = [n for n in m.index.nodes.values() if n.snap >= 0]
+    assert [n.depth for n in cached] == [20 // U - 1] and m.metrics.quota_rejections == 1
+    assert not cached[0].snap_demoted
+    m.check_invariants()
+
+
 def test_a_session_turn_end_is_valued_past_the_prompt_end_ranked_first_before_it():
     """A turn end is valued by the stretch past the prompt end (the output's tokens). Where
     the prompt end is ranked first to evict as the turn end is cached, the turn end of a
