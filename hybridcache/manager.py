@@ -274,7 +274,7 @@ class HybridCacheManager(SavePointControl):
 
     def _take(self, step: _Step, tables: bool) -> tuple[CopyPlan, tuple[int, ...], tuple[SavePoint, ...], dict]:
         """Take what a counted step that fits needs: the hit, slots, the rules' save points
-        (before the pages when the room holds both: ``_rule_saves_first``), pages, spares.
+        (before the pages as far as the room holds both: ``_rule_saves_first``), pages, spares.
 
         Returns ``(copies, drafts, saves, block_table)``; the block table (a copy of the
         request's page tables) only if ``tables``, else empty: a shadow's replay
@@ -294,7 +294,7 @@ class HybridCacheManager(SavePointControl):
                 with self.index.slot_batch():
                     drafts = tuple(self._need_slot(undo) for _ in range(num_draft))
             req.draft_slots = list(drafts)  # read by the save points (speculative turn end)
-            rule_saves = self._rule_saves_first(req, start, end, step.page_units)
+            rule_saves, rule_rest = self._rule_saves_first(req, start, end, step.page_units)
             new_pages, slide_new = self._alloc_pages(req, end, undo)
         except OutOfSpaceError:  # pragma: no cover - the count above rules it out
             req.draft_slots = []
@@ -318,7 +318,7 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = max(req.units_allocated, -(-end // self.unit))
         req.num_allocated = end
         req.step_start = start
-        saves = self._schedule_saves(req, start, end, rule_saves)
+        saves = self._schedule_saves(req, rule_saves, rule_rest, start, end)
         return copies, drafts, saves, block_table
 
     def _hit(self, req: Request) -> _Hit:

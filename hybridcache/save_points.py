@@ -4,8 +4,8 @@ of copying it to a save slot) and the spare checkpoints of the ``spare-interval`
 
 Kept apart from :mod:`hybridcache.manager`: the manager's own path calls
 :meth:`SavePointControl._rule_saves_first` (the admission rules' save points, before the
-step's pages when the room holds both) and :meth:`SavePointControl._schedule_saves` (those
-rules' points if not taken yet, then the spare ones); the vLLM adapter uses the rest (see
+step's pages as far as the room holds both, the turn end and the prompt's end first) and
+:meth:`SavePointControl._schedule_saves` (the rules' points left, then the spare ones); the vLLM adapter uses the rest (see
 ``docs/vllm.md``).
 """
 
@@ -15,7 +15,7 @@ import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.admission import admission_points, spare_points
+from hybridcache.admission import admission_points, points_by_priority, spare_points
 from hybridcache.errors import InvalidRequestError
 from hybridcache.pending_saves import PendingSaves, WithdrawnSave
 from hybridcache.plans import SavePoint
@@ -39,10 +39,18 @@ class SavePointControl:
     _seen: dict[bytes, int]
     _get: Callable[[str], Request]
 
-    def _rule_saves_first(self, req: Request, start: int, end: int, page_units: int) -> list[SavePoint] | None:
+    def _rule_saves_first(self, req: Request, start: int, end: int,
+                          page_units: int) -> tuple[list[SavePoint], list[tuple[int, bool]]]:
         """The admission rules' save points in ``(start, end]``, their slots taken *before*
-        the step's ``page_units`` units of pages when the room holds both; ``None`` when it
-        does not (:meth:`_schedule_saves` takes them after the pages, as room allows).
+        the step's ``page_units`` units of pages as far as the room holds both.
+
+        Returns:
+            The save points taken, and the points left for after the pages
+            (:meth:`_schedule_saves` takes them as room allows): none when the room holds
+            every point with the pages; otherwise the points the room does not hold, in
+            the order of :func:`~hybridcache.admission.points_by_priority` (the turn end
+            and the prompt's end before the interval checkpoints), whose first points are
+            the ones taken here.
 
         Why before: a slot needs an empty block whenever a state outweighs a page (one slot
         per block, :mod:`hybridcache.room`). After the pages, the step's own pages are
@@ -54,33 +62,48 @@ class SavePointControl:
         Counted first (``fits``), so taking them never leaves the pages short; counted
         without the slots a batching engine's step may take back
         (:mod:`hybridcache.pending_saves`), or the pages could take back these very save
-        points (the latest grants) after the allocation had handed them out. The refused
-        count is rare (the room holds the pages and ``len(wanted)`` more blocks unless
-        nearly everything cached is held), so the rules' points are then worked out again
-        rather than carried on every step.
+        points (the latest grants) after the allocation had handed them out. When the room
+        does not hold them all (rare: the room holds the pages and ``len(wanted)`` more
+        blocks unless nearly everything cached is held), the largest count it holds is
+        found by bisection and the points are worked out again in priority order rather
+        than carried on every step.
         """
         if not self.has_state:
-            return []
+            return [], []
         wanted = admission_points(self.admission, req, start, end, self.unit)
         if not wanted:
-            return []
-        if not self._fits(page_units, len(wanted), take_back=False):
-            return None
+            return [], []
+        if self._fits(page_units, len(wanted), take_back=False):
+            with self.index.slot_batch():
+                return self._rule_saves(req, wanted), []
+        order = points_by_priority(self.admission, req, wanted, end, self.unit)
+        lo, hi = 0, len(order) - 1  # the room holds lo slots with the pages, not hi + 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._fits(page_units, mid, take_back=False):
+                lo = mid
+            else:
+                hi = mid - 1
+        if not lo:
+            return [], order
         with self.index.slot_batch():
-            return self._rule_saves(req, wanted)
+            return self._rule_saves(req, order[:lo]), order[lo:]
 
-    def _schedule_saves(self, req: Request, start: int, end: int, taken: list[SavePoint] | None) -> tuple[SavePoint, ...]:
-        """The step's save points in ``(start, end]``: the admission rules' (each with a slot,
-        evicting for it; the turn-end one in the request's rolling slot), ``taken`` already
-        by :meth:`_rule_saves_first` unless ``None``, then the spare ones."""
+    def _schedule_saves(self, req: Request, taken: list[SavePoint], rest: list[tuple[int, bool]],
+                        start: int, end: int) -> tuple[SavePoint, ...]:
+        """The step's save points in ``(start, end]``: the admission rules' (each with a slot;
+        the turn-end one in the request's rolling slot), ``taken`` already by
+        :meth:`_rule_saves_first` and ``rest`` taken now, each evicting for it, as room
+        allows; then the spare ones. In boundary order, the spare ones last."""
         if not self.has_state:
             return ()  # no state: no save point, whatever admission wants
         spares = self.admission.spare_interval or self.admission.spare_suffix_start  # the adaptive policy's
-        if taken is not None and not spares:
+        if not rest and not spares:
             return tuple(taken)
         with self.index.slot_batch():
-            if taken is None:
-                taken = self._rule_saves(req, admission_points(self.admission, req, start, end, self.unit))
+            if rest:
+                taken = taken + self._rule_saves(req, rest)
+                taken.sort()
             if spares:
                 taken += self._spare_saves(req, start, end)
         return tuple(taken)

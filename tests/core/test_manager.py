@@ -412,6 +412,52 @@ def test_a_save_point_the_room_holds_is_not_lost_to_the_steps_own_pages():
     m.check_invariants()
 
 
+def test_a_step_the_room_cannot_hold_whole_saves_its_ends_before_its_checkpoints():
+    """A prompt that nearly fills the cache leaves room for two of its 19 save points. The
+    room goes to the prompt's end and the turn end (``points_by_priority``), not to the
+    first two interval checkpoints in boundary order, as it did: then the next turn of the
+    session resumed from 16 tokens instead of 148."""
+    m = mgr(admission="last-token+turn-end+interval:8", capacity=8 * 9216)
+    prompt = list(range(1000, 1143))
+    _, alloc = serve(m, "a", prompt, output=(1, 2, 3, 4, 5))
+    assert [s.boundary for s in alloc.save_points] == [140, 148]
+    res, _ = serve(m, "b", prompt + [1, 2, 3, 4, 5] + list(range(7000, 7003)), output=(9,))
+    assert res.hit_tokens == 148
+    m.check_invariants()
+
+
+def test_the_points_the_room_holds_with_the_pages_take_their_slots_before_them():
+    """Three points wanted (the checkpoint at 8, the prompt's end at 16, the turn end at 20),
+    room for two with the pages. The two first in priority take their slots before the
+    pages; taken after them, only the turn end found a block (as in the test above) and the
+    prompt's end was lost."""
+    m = mgr(admission="last-token+turn-end+interval:8", capacity=4 * 9216)
+    serve(m, "a", list(range(1000, 1020)), output=(1, 2))
+    _, alloc = serve(m, "b", list(range(2000, 2019)), output=(3,))
+    assert [s.boundary for s in alloc.save_points] == [16, 20]
+    m.check_invariants()
+
+
+def test_save_points_by_priority_put_the_ends_first_and_the_checkpoints_in_order():
+    from hybridcache.admission import AdmissionPolicy, admission_points, points_by_priority
+
+    class View:  # what admission reads of a request
+        prompt_len, kv_hit_tokens, hit_tokens, suffix_start = 143, 40, 16, 0
+
+    pol = AdmissionPolicy.parse("last-token+turn-end+branch-point+interval:32", U)
+    wanted = admission_points(pol, View(), 16, 164, U)
+    assert wanted == [(32, False), (40, False), (64, False), (96, False), (128, False), (140, False),
+                      (160, False), (164, True)]
+    assert points_by_priority(pol, View(), wanted, 164, U) == [
+        (164, True), (140, False), (40, False), (32, False), (64, False), (96, False), (128, False),
+        (160, False)]
+    # an interval point at the turn end's boundary is the turn end's rolling slot
+    wanted = admission_points(pol, View(), 16, 161, U)
+    assert (160, False) in wanted and (160, True) in wanted
+    assert points_by_priority(pol, View(), wanted, 161, U)[:2] == [(160, True), (140, False)]
+    assert sum(b == 160 for b, _ in points_by_priority(pol, View(), wanted, 161, U)) == 1
+
+
 def test_last_block_saves_where_siblings_share_the_boundary():
     """``last-block:N`` saves the prompt-end state at the last multiple of N, which a
     sibling (another question on the same document) shares when the boundary lies in the

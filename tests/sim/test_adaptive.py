@@ -170,7 +170,13 @@ def test_follows_a_workload_that_changes_kind(kimi, monkeypatch):
     turn ends a session went past are ranked first, 2026-12-05). Without the detection it
     stays on the setting it took for the agentic part: the old savings outweigh the new ones
     in the window, and five of seven candidates are retired (0.685 on 2026-12-02; 0.749
-    since that rule, which made the agentic part's setting better on chat too)."""
+    since that rule, which made the agentic part's setting better on chat too). Since a
+    step's save points are taken by priority when the room cannot hold them all
+    (2026-12-07) the setting taken for the agentic part (``no-prompt-end``, 0.749 on the
+    chat part as a fixed policy, the best 0.755) is as good there: 0.7536 without the
+    detection against 0.7541 with it. The test holds what the detection does (the change
+    flagged, a switch after it, none without it) and the policy within 0.005 of the best,
+    no longer a gain over staying."""
     import hybridcache.adaptive as adaptive
 
     trace, half, at = _changing_kind("agentic", "chat", seed=3)
@@ -183,8 +189,9 @@ def test_follows_a_workload_that_changes_kind(kimi, monkeypatch):
     assert any(n > mgr.shifts[0] for n, _ in mgr.switches), mgr.switches
     assert rate >= best - 0.005, (rate, best, mgr.switches)
     monkeypatch.setattr(adaptive, "SHIFT_DETECTION", False)
-    without, _ = _after_change(trace, at, kimi, cap)
-    assert without < rate - 0.01, (without, rate, best)
+    without, stayed = _after_change(trace, at, kimi, cap)
+    assert not any(n > at for n, _ in stayed.mgr.switches), stayed.mgr.switches
+    assert without < rate, (without, rate, best)
 
 
 #: Deterministic (seeded traces, accounting-only managers): strict, so a fix must flip it.
