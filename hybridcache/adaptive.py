@@ -140,7 +140,8 @@ SWITCH_MARGIN = 0.03
 #: the candidates that may still win. It re-enters, with a copy of the current candidate's
 #: shadow cache, once the window has turned over (its decay since retirement fell below
 #: ``exp(-REENTER_FILLS)``: the evidence that retired it is then mostly forgotten and the
-#: workload may have shifted). Measured (docs/results.md, "Racing"): the same decisions on
+#: workload may have shifted), and competes once it has turned that cache over
+#: (:meth:`~hybridcache.shadow.ShadowCache.inherit`). Measured (docs/results.md, "Racing"): the same decisions on
 #: all 200 cells of the generated sweeps (195 since ``recency`` ranks by tick; mean hit
 #: unchanged on seeds 9-12, +0.0003 on 5-8), the shadows' work cut where they run long
 #: (agent at 1 GiB 7.0 -> 2.9 of the live work). Without the sign test, a tie (two caches that
@@ -363,6 +364,9 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
             s.pair.add(s.last - cur, decay)
         if RETIRE:
             self._race(decay)
+        for s in active:
+            if s.inherited_until and s.evicted_bytes >= s.inherited_until:
+                self._owns_its_cache(s)
         self._since_eval += 1
         if SEQUENTIAL and self._take_clear_lead():
             return
@@ -392,7 +396,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         cur = self.shadows[ci]
         best: ShadowCache | None = None
         for i, s in enumerate(self.shadows):
-            lead = self._pairs.lead(i, ci) if i not in self._retired else None
+            lead = self._pairs.lead(i, ci) if i not in self._retired and not s.inherited_until else None
             if (lead is None or s.score <= cur.score * (1.0 + self._margin()) or (best is not None and s.score <= best.score)
                     or lead.z(MIN_PAIRS) < anytime_threshold(lead.n, ALPHA, MIN_PAIRS)):
                 continue
@@ -442,10 +446,18 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         del self._retired[i]
         self.reentries += 1
         s = self.shadows[i]
-        s.copy_cache(cur)
+        s.inherit(cur)
         set_weighting(s.mgr, s.weighting)
         s.score, s.last, s.pair = cur.score, cur.last, PairedDifference()
         self._pairs.restart(i)
+
+    def _owns_its_cache(self, s: ShadowCache) -> None:
+        """A re-entered shadow has turned its inherited cache over (:meth:`ShadowCache.inherit`):
+        from now on it competes, from the current candidate's score and with its paired
+        leads counted afresh, as after its re-entry."""
+        s.inherited_until = 0.0
+        s.score, s.pair = self._shadow(self.current).score, PairedDifference()
+        self._pairs.restart(self.shadows.index(s))
 
     def _after_shift(self, record: list[int], forget: bool = True) -> None:
         """Forget what the old workload taught, once a change is detected
@@ -524,7 +536,8 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
             self._lead = (None, 0)
             self._reset_pairs()
             return
-        best = max((s for i, s in enumerate(self.shadows) if i not in self._retired and s.evictions),
+        best = max((s for i, s in enumerate(self.shadows)
+                    if i not in self._retired and not s.inherited_until and s.evictions),
                    key=lambda s: s.score)
         if best is cur or best.score <= cur.score * (1.0 + self._margin()):
             self._lead = (None, 0)

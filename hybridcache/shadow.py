@@ -197,6 +197,10 @@ class ShadowCache:
         self.name = name
         self.config = config
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
+        self.capacity_bytes = capacity_bytes
+        #: While non-zero, the cache is one this shadow inherited (:meth:`inherit`) and not
+        #: yet its own: the evicted bytes (:attr:`evicted_bytes`) at which it will be.
+        self.inherited_until = 0.0
         self._flops = spec.flops.prefill_flops
         self.weighting = "gdsf"  # value eviction's weighting (set by the adaptive manager)
         self.score = 0.0
@@ -246,6 +250,28 @@ class ShadowCache:
         self.mgr.config, self.mgr.admission = own.config, own.admission
         self._next_id = src_shadow._next_id
         self.host = None
+
+    def inherit(self, src_shadow: ShadowCache) -> None:
+        """Restart from a copy of ``src_shadow``'s cache (:meth:`copy_cache`), held as
+        inherited until this shadow has evicted a cache's worth of bytes since.
+
+        Why: from another setting's full cache, a setting that admits less saves less and so
+        evicts less of what it inherited, and for a while it hits more than the setting it
+        copied, on entries that setting made. That lead lasts until the inherited entries
+        are spent, and then turns: ``seen-twice-recency`` (a state only for a point seen
+        twice), back from retirement on a copy of ``checkpoints-3x``'s cache, led it within
+        20 requests and was adopted, on qwen3-next-80b agentic sessions at 2 GiB (0.19 of
+        the prompt tokens as a fixed setting, against 0.66). Once it has evicted as many
+        bytes as the cache holds, what it keeps is what its own rules chose."""
+        self.copy_cache(src_shadow)
+        self.inherited_until = self.evicted_bytes + self.capacity_bytes
+
+    @property
+    def evicted_bytes(self) -> int:
+        """Bytes of KV and snapshots evicted so far (the host's while this shadow shares
+        its cache)."""
+        idx = (self.host or self).mgr.index
+        return idx.evictions["kv"] * idx.node_kv_bytes + idx.evictions["state"] * idx.snap_bytes
 
     @property
     def evictions(self) -> int:

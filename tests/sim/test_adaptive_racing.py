@@ -116,3 +116,55 @@ def test_a_returning_shadow_starts_from_the_current_candidates_cache(kimi, monke
     before = set(src.index.handles)
     s.feed([bytes([k]) * 16 for k in range(4)], 64, 64, None, 1.0)  # its own cache from now on
     assert set(src.index.handles) == before and set(s.mgr.index.handles) != before
+
+
+def test_a_returning_shadow_competes_once_its_inherited_cache_is_spent(kimi, monkeypatch):
+    """Back from retirement on a copy of the current candidate's cache, a setting that saves
+    less evicts less of what it inherited and leads on entries it did not make
+    (:meth:`ShadowCache.inherit`). It takes part in neither switch rule until it has evicted
+    a cache's worth of bytes; then it competes from the current candidate's score, its
+    paired leads counted afresh."""
+    monkeypatch.setattr(adaptive, "RETIRE", True)
+    run = Replay(Trace("<mixed:9>", "tokens", generate("mixed", 200, seed=9, tenants=2)), kimi, 1 << 30, ADAPTIVE)
+    run.advance(80)
+    m = run.mgr
+    cur = m._shadow(m.current)
+    ci = m.shadows.index(cur)
+    i = next(j for j, s in enumerate(m.shadows) if s is not cur and s is not cur.host and s.host is not cur)
+    m._retired[i] = 1.0
+    m._reenter(i, cur)
+    s = m.shadows[i]
+    assert s.inherited_until == s.evicted_bytes + s.capacity_bytes > s.evicted_bytes
+    # A lead no rule could refuse: a tenfold score, clear of every bound, confirmed.
+    s.score = cur.score * 10 + 1.0
+    for _ in range(200):
+        m._pairs.add([1e15 if j == i else 0.0 for j in range(len(m.shadows))], 1.0)
+        s.pair.add(1e15, 1.0)
+    m._under_pressure = True
+    m._lead = (s.name, adaptive.CONFIRM)
+    assert not m._take_clear_lead()
+    m._follow_best()
+    assert m.current == cur.name
+    s.inherited_until = s.evicted_bytes + 1.0  # one more byte to evict
+    run.advance(100)
+    assert not s.inherited_until
+    assert m._pairs.lead(i, ci).w < 20 and s.pair.w < 20  # compared afresh, not on the 200 above
+
+
+def test_no_candidate_is_adopted_on_a_lead_it_inherited(monkeypatch):
+    """qwen3-next-80b, agentic sessions at a drawn shape (1017), 2 GiB: ``seen-twice-recency``
+    (0.19 of the prompt tokens as a fixed setting, the others 0.66-0.73) came back from
+    retirement on a copy of ``checkpoints-3x``'s cache at request 60, led on what it
+    inherited and was adopted at 80; the policy ended at 0.668. Held until its cache is its
+    own, it never leads: the policy ends at 0.734, above SGLang's 0.719."""
+    from hybridcache.presets import get_preset
+    from hybridcache.sim.shapes import Shape
+
+    monkeypatch.setattr(adaptive, "RETIRE", True)
+    trace = Trace("<agentic:43~s1017>", "tokens", generate("agentic", 200, seed=43, tenants=2, shape=Shape.draw(1017)))
+    run = Replay(trace, get_preset("qwen3-next-80b"), 2 << 30, ADAPTIVE)
+    run.advance()
+    m = run.mgr
+    assert m.reentries > 0
+    assert all(name != "seen-twice-recency" for _, name in m.switches)
+    assert run.hit_tokens / sum(run.tally.prompt.values()) > 0.72
