@@ -141,12 +141,13 @@ SWITCH_MARGIN = 0.03
 #: shadow cache, once the window has turned over (its decay since retirement fell below
 #: ``exp(-REENTER_FILLS)``: the evidence that retired it is then mostly forgotten and the
 #: workload may have shifted), and competes once it has turned that cache over
-#: (:meth:`~hybridcache.shadow.ShadowCache.inherit`). Measured (docs/results.md, "Racing"): the same decisions on
-#: all 200 cells of the generated sweeps (195 since ``recency`` ranks by tick; mean hit
-#: unchanged on seeds 9-12, +0.0003 on 5-8), the shadows' work cut where they run long
-#: (agent at 1 GiB 7.0 -> 2.9 of the live work). Without the sign test, a tie (two caches that
-#: held the same so far) was retired and agentic seed 8 at 1 GiB lost 0.085. Off, every
-#: candidate is replayed on every sampled request (tests).
+#: (:meth:`~hybridcache.shadow.ShadowCache.inherit`). Measured (docs/results.md,
+#: "Racing"): the same decisions on all 200 cells of the generated sweeps (195 since
+#: ``recency`` ranks by tick; mean hit unchanged on seeds 9-12, +0.0003 on 5-8), the
+#: shadows' work cut where they run long (agent at 1 GiB 7.0 -> 2.9 of the live work).
+#: Without the sign test, a tie (two caches that held the same so far) was retired and
+#: agentic seed 8 at 1 GiB lost 0.085. Off, every candidate is replayed on every sampled
+#: request (tests).
 RETIRE = True
 REENTER_FILLS = 1.0
 #: The margin when the shadows see every request (rate 1): no sampling error to allow for;

@@ -141,8 +141,8 @@ def admission_points(
 def points_by_priority(
     policy: AdmissionPolicy, req: Request, wanted: list[tuple[int, bool]], end: int, unit: int
 ) -> list[tuple[int, bool]]:
-    """``wanted`` (:func:`admission_points` of a step ending at ``end``) in the order a step takes their slots when the
-    room cannot hold them all: the turn end, then the points the rules name (the prompt's
+    """``wanted`` (:func:`admission_points` of a step ending at ``end``) in the order a step
+    takes their slots when the room cannot hold them all: the turn end, then the points the rules name (the prompt's
     end, the last block, the branch point, the suffix start, the chunk end), deepest first,
     then the ``interval`` checkpoints in boundary order. A point the turn end's rolling slot
     already serves is left out.

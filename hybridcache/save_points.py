@@ -5,8 +5,8 @@ of copying it to a save slot) and the spare checkpoints of the ``spare-interval`
 Kept apart from :mod:`hybridcache.manager`: the manager's own path calls
 :meth:`SavePointControl._rule_saves_first` (the admission rules' save points, before the
 step's pages as far as the room holds both, the turn end and the prompt's end first) and
-:meth:`SavePointControl._schedule_saves` (the rules' points left, then the spare ones); the vLLM adapter uses the rest (see
-``docs/vllm.md``).
+:meth:`SavePointControl._schedule_saves` (the rules' points left, then the spare ones); the
+vLLM adapter uses the rest (see ``docs/vllm.md``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,9 @@ class SavePointControl:
             with self.index.slot_batch():
                 return self._rule_saves(req, wanted), []
         order = points_by_priority(self.admission, req, wanted, end, self.unit)
-        lo, hi = 0, len(order) - 1  # the room holds lo slots with the pages, not hi + 1
+        # The room holds ``lo`` slots beside the pages (the step fits), and no more than
+        # ``hi`` (``order`` leaves out a point the turn end's slot serves: maybe all of it).
+        lo, hi = 0, len(order)
         while lo < hi:
             mid = (lo + hi + 1) // 2
             if self._fits(page_units, mid, take_back=False):
