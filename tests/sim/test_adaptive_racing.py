@@ -17,7 +17,7 @@ import pytest
 import hybridcache.adaptive as adaptive
 from hybridcache.decision import PairTable, upper_bound
 from hybridcache.manager import CacheConfig
-from hybridcache.shadow import PairedDifference
+from hybridcache.shadow import PairedDifference, ShadowCache
 from hybridcache.sim.generate import generate
 from hybridcache.sim.replay import Replay
 from hybridcache.sim.traces import Trace
@@ -100,14 +100,20 @@ def test_a_retired_shadow_is_not_replayed_and_never_adopted(kimi, monkeypatch):
         assert all(name != m.shadows[i].name for _, name in m.switches[1:])
 
 
-def test_a_returning_shadow_starts_from_the_current_candidates_cache(kimi, monkeypatch):
-    run = _run(kimi, "mixed", 9, 1, 80, True, monkeypatch)
-    m = run.mgr
+def _retire_and_return(m: adaptive.AdaptiveManager) -> tuple[ShadowCache, int, int]:
+    """Retire a shadow that neither is the current candidate's nor shares its cache, and
+    bring it back at once: ``(current shadow, its index, the returned one's index)``."""
     cur = m._shadow(m.current)
-    ci = m.shadows.index(cur)
     i = next(j for j, s in enumerate(m.shadows) if s is not cur and s is not cur.host and s.host is not cur)
     m._retired[i] = 1.0
     m._reenter(i, cur)
+    return cur, m.shadows.index(cur), i
+
+
+def test_a_returning_shadow_starts_from_the_current_candidates_cache(kimi, monkeypatch):
+    run = _run(kimi, "mixed", 9, 1, 80, True, monkeypatch)
+    m = run.mgr
+    cur, ci, i = _retire_and_return(m)
     s, src = m.shadows[i], (cur.host or cur).mgr
     assert i not in m._retired and s.host is None and s.mgr is not src
     assert set(s.mgr.index.handles) == set(src.index.handles)  # what the live setting holds
@@ -128,11 +134,7 @@ def test_a_returning_shadow_competes_once_its_inherited_cache_is_spent(kimi, mon
     run = Replay(Trace("<mixed:9>", "tokens", generate("mixed", 200, seed=9, tenants=2)), kimi, 1 << 30, ADAPTIVE)
     run.advance(80)
     m = run.mgr
-    cur = m._shadow(m.current)
-    ci = m.shadows.index(cur)
-    i = next(j for j, s in enumerate(m.shadows) if s is not cur and s is not cur.host and s.host is not cur)
-    m._retired[i] = 1.0
-    m._reenter(i, cur)
+    cur, ci, i = _retire_and_return(m)
     s = m.shadows[i]
     assert s.inherited_until == s.evicted_bytes + s.capacity_bytes > s.evicted_bytes
     # A lead no rule could refuse: a tenfold score, clear of every bound, confirmed.
