@@ -42,7 +42,7 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from hybridcache.errors import UnknownNameError
@@ -124,47 +124,6 @@ def admission_points(
         save, which the engine overwrites at every boundary it passes while decoding and
         which is registered only when the request finishes.
     """
-    last_in_prompt = (req.prompt_len - 1) // unit * unit
-    wanted = _named_points(policy, req, end, unit)
-    if policy.interval:
-        n = policy.interval
-        wanted += range((start // n + 1) * n, end + 1, n)
-    if len(wanted) > 1:
-        wanted = sorted(set(wanted))
-    out = [(b, False) for b in wanted if start < b <= end and b > 0]
-    turn = _turn_end(policy, req, start, end, unit, last_in_prompt)
-    if turn:
-        out.append((turn, True))
-    return out
-
-
-def points_by_priority(
-    policy: AdmissionPolicy, req: Request, wanted: list[tuple[int, bool]], end: int, unit: int
-) -> list[tuple[int, bool]]:
-    """``wanted`` (:func:`admission_points` of a step ending at ``end``) in the order a step
-    takes their slots when the room cannot hold them all: the turn end, then the points the rules name (the prompt's
-    end, the last block, the branch point, the suffix start, the chunk end), deepest first,
-    then the ``interval`` checkpoints in boundary order. A point the turn end's rolling slot
-    already serves is left out.
-
-    Why: a checkpoint below the prompt's end serves only a request that leaves this path
-    below it, while the prompt's end and the turn end serve every request that repeats or
-    extends the path, and a deeper one saves more of it. Taken in boundary order, a prompt
-    that nearly filled the cache gave its few free slots to its first checkpoints and
-    skipped its own end, so the next turn of the session resumed from the second
-    checkpoint (qwen3-next-80b, an agentic session of 168k-token turns in a 175k-token
-    cache: 9,664 tokens hit instead of 168,256).
-    """
-    named = set(_named_points(policy, req, end, unit))
-    turn = wanted[-1][0] if wanted and wanted[-1][1] else 0
-    head = [(b, False) for b, rolling in reversed(wanted) if not rolling and b in named and b != turn]
-    tail = [(b, False) for b, rolling in wanted if not rolling and b not in named and b != turn]
-    return ([(turn, True)] if turn else []) + head + tail
-
-
-def _named_points(policy: AdmissionPolicy, req: Request, end: int, unit: int) -> list[int]:
-    """The boundaries the rules name for a request computed up to ``end`` (unsorted, maybe
-    repeated, not yet cut to the step): all but the ``interval`` ones and the turn end."""
     p = req.prompt_len
     last_in_prompt = (p - 1) // unit * unit
     wanted: list[int] = []
@@ -176,18 +135,45 @@ def _named_points(policy: AdmissionPolicy, req: Request, end: int, unit: int) ->
         wanted.append(min(req.kv_hit_tokens, last_in_prompt))
     if policy.suffix_start and req.suffix_start:
         wanted.append(req.suffix_start)
+    if policy.interval:
+        n = policy.interval
+        wanted += range((start // n + 1) * n, end + 1, n)
     if policy.chunk_end and end <= p:
         wanted.append(end // unit * unit)
-    return wanted
-
-
-def _turn_end(policy: AdmissionPolicy, req: Request, start: int, end: int, unit: int, last_in_prompt: int) -> int:
-    """The turn end's boundary if the step ``(start, end]`` saves it, else 0."""
-    if policy.turn_end and end > req.prompt_len:
+    if len(wanted) > 1:
+        wanted = sorted(set(wanted))
+    out = [(b, False) for b in wanted if start < b <= end and b > 0]
+    if policy.turn_end and end > p:
         b = end // unit * unit
         if b > start and b > last_in_prompt:
-            return b
-    return 0
+            out.append((b, True))
+    return out
+
+
+def points_by_priority(
+    policy: AdmissionPolicy, req: Request, wanted: list[tuple[int, bool]], start: int, end: int, unit: int
+) -> list[tuple[int, bool]]:
+    """``wanted`` (:func:`admission_points` of the step ``(start, end]``) in the order a step
+    takes their slots when the room cannot hold them all: the turn end, then the points the
+    rules name (the prompt's end, the last block, the branch point, the suffix start, the
+    chunk end), deepest first, then the ``interval`` checkpoints in boundary order. A point
+    the turn end's rolling slot already serves is left out. The named points are the rules'
+    points without the ``interval`` rule, so the rules are written once, in
+    :func:`admission_points`, whose every-step path this leaves as it was.
+
+    Why: a checkpoint below the prompt's end serves only a request that leaves this path
+    below it, while the prompt's end and the turn end serve every request that repeats or
+    extends the path, and a deeper one saves more of it. Taken in boundary order, a prompt
+    that nearly filled the cache gave its few free slots to its first checkpoints and
+    skipped its own end, so the next turn of the session resumed from the second
+    checkpoint (qwen3-next-80b, an agentic session of 168k-token turns in a 175k-token
+    cache: 9,664 tokens hit instead of 168,256).
+    """
+    named = {b for b, _ in admission_points(replace(policy, interval=0), req, start, end, unit)}
+    turn = wanted[-1][0] if wanted and wanted[-1][1] else 0
+    head = [(b, False) for b, rolling in reversed(wanted) if not rolling and b in named and b != turn]
+    tail = [(b, False) for b, rolling in wanted if not rolling and b not in named and b != turn]
+    return ([(turn, True)] if turn else []) + head + tail
 
 
 def spare_points(policy: AdmissionPolicy, start: int, end: int) -> range:

@@ -124,8 +124,8 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     "vLLM's save points at its block boundaries"). Measured again on 2026-12-07 (nine sets):
     cells behind 99 -> 95 of 600 and the mean hit up on seven sets, but down on kimi-k3
     (-0.0031, an early lead taken and then lost), flat on nemotron-h-8b, for 1.9 % more
-    instructions ("A session's turn end valued when it is registered"). Where the block is the unit, its
-    admission is ``seen-twice-recency``'s (and the set does not grow)."""
+    instructions ("A session's turn end valued when it is registered"). Where the block is
+    the unit, its admission is ``seen-twice-recency``'s (and the set does not grow)."""
     block = round_up(vllm_align_block(spec), unit)
     admission = f"last-block:{block}+branch-point" if block > unit else "last-token+branch-point"
     return Candidate("seen-twice-blocks", admission, "recency", 2)

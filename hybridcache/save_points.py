@@ -76,7 +76,7 @@ class SavePointControl:
         if self._fits(page_units, len(wanted), take_back=False):
             with self.index.slot_batch():
                 return self._rule_saves(req, wanted), []
-        order = points_by_priority(self.admission, req, wanted, end, self.unit)
+        order = points_by_priority(self.admission, req, wanted, start, end, self.unit)
         # The room holds ``lo`` slots beside the pages (the step fits), and no more than
         # ``hi`` (``order`` leaves out a point the turn end's slot serves: maybe all of it).
         lo, hi = 0, len(order)

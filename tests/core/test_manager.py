@@ -448,14 +448,14 @@ def test_save_points_by_priority_put_the_ends_first_and_the_checkpoints_in_order
     wanted = admission_points(pol, View(), 16, 164, U)
     assert wanted == [(32, False), (40, False), (64, False), (96, False), (128, False), (140, False),
                       (160, False), (164, True)]
-    assert points_by_priority(pol, View(), wanted, 164, U) == [
+    assert points_by_priority(pol, View(), wanted, 16, 164, U) == [
         (164, True), (140, False), (40, False), (32, False), (64, False), (96, False), (128, False),
         (160, False)]
     # an interval point at the turn end's boundary is the turn end's rolling slot
     wanted = admission_points(pol, View(), 16, 161, U)
     assert (160, False) in wanted and (160, True) in wanted
-    assert points_by_priority(pol, View(), wanted, 161, U)[:2] == [(160, True), (140, False)]
-    assert sum(b == 160 for b, _ in points_by_priority(pol, View(), wanted, 161, U)) == 1
+    assert points_by_priority(pol, View(), wanted, 16, 161, U)[:2] == [(160, True), (140, False)]
+    assert sum(b == 160 for b, _ in points_by_priority(pol, View(), wanted, 16, 161, U)) == 1
 
 
 def test_last_block_saves_where_siblings_share_the_boundary():
