@@ -197,7 +197,6 @@ class ShadowCache:
         self.name = name
         self.config = config
         self.mgr = HybridCacheManager(spec, capacity_bytes, config)
-        self.capacity_bytes = capacity_bytes
         #: While non-zero, the cache is one this shadow inherited (:meth:`inherit`) and not
         #: yet its own: the evicted bytes (:attr:`evicted_bytes`) at which it will be.
         self.inherited_until = 0.0
@@ -264,7 +263,7 @@ class ShadowCache:
         the prompt tokens as a fixed setting, against 0.66). Once it has evicted as many
         bytes as the cache holds, what it keeps is what its own rules chose."""
         self.copy_cache(src_shadow)
-        self.inherited_until = self.evicted_bytes + self.capacity_bytes
+        self.inherited_until = self.evicted_bytes + self.mgr.layout.capacity_bytes
 
     @property
     def evicted_bytes(self) -> int:

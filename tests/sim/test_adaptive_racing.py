@@ -136,7 +136,7 @@ def test_a_returning_shadow_competes_once_its_inherited_cache_is_spent(kimi, mon
     m = run.mgr
     cur, ci, i = _retire_and_return(m)
     s = m.shadows[i]
-    assert s.inherited_until == s.evicted_bytes + s.capacity_bytes > s.evicted_bytes
+    assert s.inherited_until == s.evicted_bytes + s.mgr.layout.capacity_bytes > s.evicted_bytes
     # A lead no rule could refuse: a tenfold score, clear of every bound, confirmed.
     s.score = cur.score * 10 + 1.0
     for _ in range(200):
