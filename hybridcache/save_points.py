@@ -71,6 +71,8 @@ class SavePointControl:
         if not self.has_state:
             return [], []
         wanted = admission_points(self.admission, req, start, end, self.unit)
+        if wanted and self.admission.min_seen > 1:
+            wanted = self._seen_points(req, wanted)
         if not wanted:
             return [], []
         if self._fits(page_units, len(wanted), take_back=False):
@@ -121,8 +123,6 @@ class SavePointControl:
             for b, rolling in wanted:
                 if b in req.saves:
                     continue
-                if not rolling and self.admission.min_seen > 1 and not self._seen_enough(req, b):
-                    continue
                 if rolling and req.draft_slots:
                     # Inside a speculative step the boundary may be rejected: write it to a
                     # fresh slot so the last accepted turn-end state survives until accept().
@@ -155,6 +155,18 @@ class SavePointControl:
             if pend is not None:
                 pend.optional = False
         return out
+
+    def _seen_points(self, req: Request, wanted: list[tuple[int, bool]]) -> list[tuple[int, bool]]:
+        """The points of ``wanted`` that ``min_seen`` lets save: the turn end (never counted:
+        its content is new), a point this request saved already, and a point wanted that
+        many times. Filtered before the room is counted and the points are ranked, so that
+        a point the rule will not save takes no slot of the room from one it will (a long
+        document's question end, new each time, ranked before the document's branch
+        point). Each point is counted once per step.
+
+        Internal updates: the counts of the points it checks (``_seen``)."""
+        return [(b, rolling) for b, rolling in wanted
+                if rolling or b in req.saves or self._seen_enough(req, b)]
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
         u = boundary // self.unit - 1

@@ -438,6 +438,29 @@ def test_the_points_the_room_holds_with_the_pages_take_their_slots_before_them()
     m.check_invariants()
 
 
+def test_a_point_min_seen_will_not_save_takes_no_slot_from_one_it_will():
+    """A 42,848-token document in a cache of 47,040 tokens (falcon-h1-7b at 2 GiB), between
+    its questions another 23,000-token document. The third question wants its own end (new:
+    seen once) and the document's branch point (seen twice), and the room holds one slot
+    beside the pages. Ranked first, the question's end took that slot and was then refused
+    by ``min_seen``; the branch point, after the pages, found no block, and no question
+    ever resumed from the document (falcon-h1-7b docs~s1010 at 2 GiB: ``seen-twice-recency``
+    0.034, now 0.090)."""
+    m = HybridCacheManager(get_preset("falcon-h1-7b"), 2 << 30, CacheConfig(
+        hash_unit=16, admission="last-token+branch-point", min_seen=2))
+    doc, other = list(range(100_000, 142_848)), list(range(300_000, 323_000))
+    hits, saved = [], []
+    for i in range(6):
+        res, alloc = serve(m, f"q{i}", doc + list(range(7 * i, 7 * i + 150)), output=tuple(range(9, 60)))
+        hits.append(res.hit_tokens)
+        saved.append([s.boundary for s in alloc.save_points])
+        if i % 2:
+            serve(m, f"o{i}", other + list(range(7 * i, 7 * i + 150)), output=tuple(range(9, 60)))
+    assert saved[3] == [42_848] and hits[5] == 42_848
+    assert m.metrics.snapshots_skipped == 0
+    m.check_invariants()
+
+
 def test_save_points_by_priority_put_the_ends_first_and_the_checkpoints_in_order():
     from hybridcache.admission import AdmissionPolicy, admission_points, points_by_priority
 
