@@ -11,6 +11,13 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
   turn of a multi-turn session or agent extends.
 - ``branch-point``: the point where the request leaves the cached KV path (Marconi): every
   later request that shares the prefix up to there can use it.
+- ``seen-branch``: the point where the request leaves the prefix earlier prompts went past,
+  cached or not: the branch point where the KV is still cached, and where it is gone, the
+  deepest unit an earlier prompt held (:mod:`hybridcache.seen_prefixes`, a record of recent
+  prompts' units as large as the cache), unless a prompt ended there (a session's next
+  turn extends it: nothing branched). The second question on a document whose KV went
+  before it came saves the document's end, which ``branch-point`` never finds. Counted as
+  seen twice by ``min_seen`` (an earlier prompt went past it).
 - ``last-block:N``: the last multiple of N tokens before the prompt's last token (N a
   multiple of the hash unit), where vLLM's align mode saves the prompt-end state (N its
   inflated block). A sibling (another question on the same document) shares that point when
@@ -50,7 +57,7 @@ from hybridcache.errors import UnknownNameError
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.requests import Request
 
-ADMISSION_RULES = ("last-token", "last-block", "turn-end", "branch-point", "interval", "chunk-end",
+ADMISSION_RULES = ("last-token", "last-block", "turn-end", "branch-point", "seen-branch", "interval", "chunk-end",
                    "suffix-start", "spare-interval", "spare-suffix-start")
 
 
@@ -61,6 +68,9 @@ class AdmissionPolicy:
     last_token: bool = False
     turn_end: bool = False
     branch_point: bool = False
+    #: ``seen-branch``: the branch point found in the record of recent prompts as well
+    #: (``Request.seen_branch``, set by the manager from :mod:`hybridcache.seen_prefixes`).
+    seen_branch: bool = False
     interval: int = 0
     #: ``last-block:N``: a state at the last multiple of N before the prompt's last token
     #: (0 = off); with ``last-token`` as well, both points are saved.
@@ -101,7 +111,7 @@ class AdmissionPolicy:
                         f"admission rule {raw!r}: {name} must be a positive multiple of the hash unit {hash_unit}"
                     )
                 kw[name.replace("-", "_")] = n
-            elif name in ("last-token", "turn-end", "branch-point", "chunk-end", "suffix-start",
+            elif name in ("last-token", "turn-end", "branch-point", "seen-branch", "chunk-end", "suffix-start",
                           "spare-suffix-start") and not arg:
                 kw[name.replace("-", "_")] = True
             elif name == "none":
@@ -133,6 +143,10 @@ def admission_points(
         wanted.append((p - 1) // policy.last_block * policy.last_block)
     if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
         wanted.append(min(req.kv_hit_tokens, last_in_prompt))
+    if policy.seen_branch:
+        b = seen_branch_point(req, last_in_prompt)
+        if b > 0:
+            wanted.append(b)
     if policy.suffix_start and req.suffix_start:
         wanted.append(req.suffix_start)
     if policy.interval:
@@ -150,12 +164,20 @@ def admission_points(
     return out
 
 
+def seen_branch_point(req: Request, last_in_prompt: int) -> int:
+    """The ``seen-branch`` rule's boundary for ``req`` (0: none): the deeper of its KV match
+    and the point the record of recent prompts found (``Request.seen_branch``), where that
+    lies past its hit, and not past its prompt's last boundary."""
+    b = req.kv_hit_tokens if req.kv_hit_tokens > req.seen_branch else req.seen_branch
+    return min(b, last_in_prompt) if b > req.hit_tokens else 0
+
+
 def points_by_priority(
     policy: AdmissionPolicy, req: Request, wanted: list[tuple[int, bool]], start: int, end: int, unit: int
 ) -> list[tuple[int, bool]]:
     """``wanted`` (:func:`admission_points` of the step ``(start, end]``) in the order a step
     takes their slots when the room cannot hold them all: the turn end, then the points the
-    rules name (the prompt's end, the last block, the branch point, the suffix start, the
+    rules name (the prompt's end, the last block, the branch points, the suffix start, the
     chunk end), deepest first, then the ``interval`` checkpoints in boundary order. A point
     the turn end's rolling slot already serves is left out. The named points are the rules'
     points without the ``interval`` rule, so the rules are written once, in

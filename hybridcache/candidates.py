@@ -15,8 +15,9 @@ from typing import NamedTuple
 from hybridcache.spec import ModelSpec
 from hybridcache.vllm_block import vllm_align_block
 
-#: The rules every candidate but one keeps (prompt end, turn end, branch points).
-BASE_RULES = "last-token+turn-end+branch-point"
+#: The rules every candidate but one keeps (prompt end, turn end, branch points: those the
+#: cached KV shows and those the record of recent prompts shows, ``seen-branch``).
+BASE_RULES = "last-token+turn-end+seen-branch"
 #: Spacing of the live cache's spare checkpoints (:func:`spare_interval`), in the model's
 #: tokens-per-snapshot: the dense candidate's that spares replaced (SGLang's idea of dense
 #: checkpoints, which lead where memory is plentiful, at the model's scale: 352 tokens for
@@ -93,10 +94,10 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False,
         Candidate("checkpoints-3x", every(3.0)),
         Candidate("checkpoints-3x-gds", every(3.0), "gds"),
         Candidate("checkpoints-none", every(0.0)),
-        Candidate("no-prompt-end", f"turn-end+branch-point+interval:{round_up(3.0 * tps, unit)}"),
+        Candidate("no-prompt-end", f"turn-end+seen-branch+interval:{round_up(3.0 * tps, unit)}"),
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
-        Candidate("seen-twice-recency", "last-token+branch-point", "recency", 2),
+        Candidate("seen-twice-recency", "last-token+seen-branch", "recency", 2),
         *([align_blocks_candidate(spec, unit)] if align_blocks else []),
         *([MARCONI_CANDIDATE] if marconi else []),
     ]
@@ -127,7 +128,7 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     instructions ("A session's turn end valued when it is registered"). Where the block is
     the unit, its admission is ``seen-twice-recency``'s (and the set does not grow)."""
     block = round_up(vllm_align_block(spec), unit)
-    admission = f"last-block:{block}+branch-point" if block > unit else "last-token+branch-point"
+    admission = f"last-block:{block}+seen-branch" if block > unit else "last-token+seen-branch"
     return Candidate("seen-twice-blocks", admission, "recency", 2)
 
 

@@ -45,6 +45,7 @@ from hybridcache.runs import (
     truncate_holds,
     uncached_stretch,
 )
+from hybridcache.seen_prefixes import SeenPrefixes
 from hybridcache.sliding import SlidingWindowCache
 from hybridcache.unit_handle import Node, UnitHandle
 from hybridcache.unit_view import UnitView
@@ -105,6 +106,9 @@ class PrefixIndex(ChainWalks):
         #: Where events are appended while calls run (hybridcache.events: taken out by
         #: engines, or seen by observers passed to a port); ``None``: not recorded.
         self.events: EventLog | None = None
+        #: The seen-branch rule's record (hybridcache.seen_prefixes), fed each unit whose KV
+        #: is evicted; set by the manager while the rule is on.
+        self.seen: SeenPrefixes | None = None
         #: Save points of the step being allocated that a later allocation may take back
         #: (hybridcache.pending_saves); ``None`` until the engine allows it.
         self.pending_saves: PendingSaves | None = None
@@ -419,6 +423,8 @@ class PrefixIndex(ChainWalks):
             reg[p // ppb] -= 1
             free_page(p)
         self._account("kv", node, self.node_kv_bytes)  # the hook still sees node.pages
+        if self.seen is not None:
+            self.seen.evicted_one(node.digest)
         if self.sliding:  # no path reaches the unit's sliding pages any more
             for cache in self.sliding:
                 cache.drop_unit(node.digest)
@@ -485,6 +491,8 @@ class PrefixIndex(ChainWalks):
             self.tenant_bytes[run.tenant] = left
         if self.events is not None:
             self._removed_range_events(run, lo)
+        if self.seen is not None:
+            self.seen.evicted(digests[lo:n])
         if lo == 0:
             self._forget_head(digests[0])
         handles, bare = self.handles, self.bare

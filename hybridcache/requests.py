@@ -29,7 +29,7 @@ class Request:
         "units", "pages", "units_allocated", "dup_pages", "slot", "draft_slots", "saves",
         "rolling_slot", "rolling_boundary", "pending_rolling", "restore", "hit_tokens", "value_base", "kv_hit_tokens",
         "num_computed", "num_allocated", "step_start", "snap_marks", "walk", "holds", "hit_holds",
-        "slide", "spare", "suffix_start", "cohort", "resumed_from",
+        "slide", "spare", "suffix_start", "cohort", "resumed_from", "seen_branch",
     )
 
     def __init__(self, request_id: str, hasher: TokenHasher, tenant: str | None, n: int) -> None:
@@ -62,6 +62,9 @@ class Request:
         # or, when the hit restored a spare checkpoint, that spare's own base.
         self.value_base = 0
         self.kv_hit_tokens = 0
+        # The seen-branch rule's point from the record of recent prompts (0: none), set at
+        # the first allocation (hybridcache.seen_prefixes).
+        self.seen_branch = 0
         self.num_computed = 0
         self.num_allocated = 0
         self.step_start = 0

@@ -15,7 +15,12 @@ import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.admission import admission_points, points_by_priority, spare_points
+from hybridcache.admission import (
+    admission_points,
+    points_by_priority,
+    seen_branch_point,
+    spare_points,
+)
 from hybridcache.errors import InvalidRequestError
 from hybridcache.pending_saves import PendingSaves, WithdrawnSave
 from hybridcache.plans import SavePoint
@@ -162,11 +167,13 @@ class SavePointControl:
         many times. Filtered before the room is counted and the points are ranked, so that
         a point the rule will not save takes no slot of the room from one it will (a long
         document's question end, new each time, ranked before the document's branch
-        point). Each point is counted once per step.
+        point). The ``seen-branch`` point passes as seen twice: an earlier prompt went past
+        it. Each point is counted once per step.
 
         Internal updates: the counts of the points it checks (``_seen``)."""
+        seen = seen_branch_point(req, (req.prompt_len - 1) // self.unit * self.unit) if self.admission.seen_branch else 0
         return [(b, rolling) for b, rolling in wanted
-                if rolling or b in req.saves or self._seen_enough(req, b)]
+                if rolling or b == seen or b in req.saves or self._seen_enough(req, b)]
 
     def _seen_enough(self, req: Request, boundary: int) -> bool:
         u = boundary // self.unit - 1

@@ -140,7 +140,7 @@ def build_policy(name: str, spec: ModelSpec, unit: int, outputs_known: bool = Tr
 def _build(name: str, spec: ModelSpec, unit: int) -> PolicySetup:
     if name == "hybridcache":
         n = checkpoint_interval(spec, unit)
-        adm = f"last-token+turn-end+branch-point+interval:{n}"
+        adm = f"last-token+turn-end+seen-branch+interval:{n}"
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission=adm, eviction="value"))
     if name == "hybridcache-adaptive":  # hybridcache.adaptive: admission follows shadow caches
         return PolicySetup(name, spec, CacheConfig(hash_unit=unit, admission="adaptive", eviction="value"))

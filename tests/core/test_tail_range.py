@@ -74,6 +74,14 @@ class Driver:
         probe = HybridCacheManager(spec, 1 << 30, cfg)
         self.m = HybridCacheManager(spec, blocks * probe.layout.block_bytes, cfg)
         self.m.index.evictor.tail_ranges = ranges and self.m.index.evictor.tail_ranges
+        if not ranges:  # an adaptive switch of ranking builds a new evictor: keep it unit by unit
+            index, install = self.m.index, self.m.index.install_policy
+
+            def install_unit_by_unit(*args, **kwargs) -> None:
+                install(*args, **kwargs)
+                index.evictor.tail_ranges = False
+
+            index.install_policy = install_unit_by_unit
         self.port = EnginePort(self.m)
         self.held: list[str] = []
         self.n = 0

@@ -116,6 +116,14 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: target), chat at 1 GiB 0.003 -> 0.002, chat at 4 GiB -0.004 -> 0.000, docs 0.080 -> 0.064;
 #: mixed -0.035 -> 0.037: every fixed candidate's second half rose (``checkpoints-none`` 0.672
 #: -> 0.754) and the adaptive manager's less (0.707 -> 0.717, ``checkpoints-none`` taken at 107).
+#: On 2026-12-07 the candidates took the ``seen-branch`` rule (a branch point found in a record
+#: of recent prompts where the KV is gone; docs/results.md, "Branch points the cache
+#: forgot"): docs 0.064 -> 0.028 (the adaptive manager's second half 0.800 -> 0.829),
+#: mixed 0.037 -> 0.028 (no switch: 0.717 -> 0.704, the best fixed 0.754 -> 0.732), chat at
+#: 1 GiB 0.002 -> -0.008 (the same 0.646; the best fixed candidate fell), agent 0.005 ->
+#: 0.008 (``seen-twice`` taken at 127, not 215), agentic 0.001 -> 0.016 (the same switch,
+#: at 144 to SGLang's setting, 0.883 -> 0.868 over the second half and 0.8904 over the
+#: whole trace either way), chat at 4 GiB 0.000.
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -127,7 +135,7 @@ def _check_gap(rate: float, best: float, measured: float, switches: object) -> N
 
 
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("chat", 300, 1, 0.002), pytest.param("docs", 200, 2, 0.064, marks=pytest.mark.slow)])
+    ("chat", 300, 1, 0.0), pytest.param("docs", 200, 2, 0.028, marks=pytest.mark.slow)])
 def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -137,7 +145,7 @@ def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("agent", 300, 2, 0.005), ("mixed", 300, 2, 0.037), ("agentic", 300, 2, 0.001), ("chat", 400, 4, 0.0)])
+    ("agent", 300, 2, 0.008), ("mixed", 300, 2, 0.028), ("agentic", 300, 2, 0.016), ("chat", 400, 4, 0.0)])
 def test_converges_to_best_fixed_candidate_slow(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=2, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())

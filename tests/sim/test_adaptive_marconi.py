@@ -47,8 +47,8 @@ def test_the_align_blocks_candidate_is_opt_in_at_vllms_block(kimi, monkeypatch):
     names = [c.name for c in default(kimi, 16)]
     assert "seen-twice-blocks" not in names
     extra = default(kimi, 16, align_blocks=True)
-    assert extra[-1] == ("seen-twice-blocks", "last-block:1920+branch-point", "recency", 2)
-    assert default(kimi, 512, align_blocks=True)[-1].admission == "last-block:2048+branch-point"
+    assert extra[-1] == ("seen-twice-blocks", "last-block:1920+seen-branch", "recency", 2)
+    assert default(kimi, 512, align_blocks=True)[-1].admission == "last-block:2048+seen-branch"
     jamba = get_preset("jamba-mini")  # vLLM's block 80: at a 128-token unit, one unit
     assert len(default(jamba, 128, align_blocks=True)) == len(default(jamba, 128))
     monkeypatch.setattr(adaptive, "candidate_settings", lambda spec, unit: default(spec, unit, align_blocks=True))

@@ -30,6 +30,13 @@ none), not a gain (docs/results.md, "Held-out workload shapes"). With the turn e
 so when it is registered rather than raised a moment later (``register_turn_end``, the same
 values; the value heap's lazy order moved: docs/results.md) the library default on seed 0
 went 0.9052 -> 0.9097, and the policy ends level with it (0.9085), no longer above.
+
+Since the candidates took the ``seen-branch`` rule (2026-12-07) the starting setting ends
+lower on this trace (0.9081 -> 0.9047, the library default's rules unchanged at 0.9097):
+a few of its 1,000 requests find a branch in the record of evicted units, and the replay
+diverges from the first of them. The fall is flagged at 863 (not 783) and a switch follows
+(at 934); the policy ends at 0.9047, 0.005 below the default, which the last assertion now
+allows (docs/results.md, "Branch points the cache forgot").
 """
 
 from __future__ import annotations
@@ -95,12 +102,13 @@ def test_a_fall_of_the_live_hits_makes_the_policy_explore_again(monkeypatch):
     adaptive_cfg = CacheConfig(hash_unit=16, admission="adaptive")
     without, drops_without, stayed = _replay(4, adaptive_cfg, False, monkeypatch)
     with_, drops, switches = _replay(4, adaptive_cfg, True, monkeypatch)
-    assert not drops_without and drops == [783]
-    assert stayed == [(0, "checkpoints-3x")] and any(n > 783 for n, _ in switches), switches
-    assert with_ > without - 0.002  # measured 0.9085 against 0.9081 (module docstring)
+    assert not drops_without and drops == [863]
+    assert stayed == [(0, "checkpoints-3x")] and any(n > 863 for n, _ in switches), switches
+    assert with_ > without - 0.002  # measured 0.9047 against 0.9047 (module docstring)
     # The default: 0.9052, 0.9097 since the turn end is valued when it is registered
-    # (module docstring): the adaptive policy ends level with it, not above.
-    assert with_ > base - 0.002
+    # (module docstring): the adaptive policy ended level with it, not above; 0.005 below
+    # since the seen-branch rule (module docstring).
+    assert with_ > base - 0.007
     assert adaptive.SHIFT_DETECTION
 
 
@@ -144,7 +152,7 @@ def test_a_fall_during_the_exploration_keeps_the_shadows_evidence(monkeypatch):
     manager does with it: every retired candidate back, the scores and the exploration
     count kept; handled as a change of workload, both start again from zero."""
     rate, mgr, seen = _nemotron_agentic(monkeypatch, keep=True)
-    assert mgr.drops == [151] and mgr.rate == 1.0 and len(seen) == 1
+    assert mgr.drops == [159] and mgr.rate == 1.0 and len(seen) == 1
     (scores, pressured, retired), (scores_after, pressured_after, retired_after) = seen[0]["before"], seen[0]["after"]
     assert 0 < pressured < adaptive.EXPLORE_PAIRS and retired  # still exploring, some retired
     kept = [i for i in range(len(scores)) if i not in retired]
@@ -152,6 +160,6 @@ def test_a_fall_during_the_exploration_keeps_the_shadows_evidence(monkeypatch):
     assert pressured_after == pressured and not retired_after
     assert rate > 0.72
     _, old, seen_old = _nemotron_agentic(monkeypatch, keep=False)
-    assert old.drops == [151] and len(seen_old) == 1
+    assert old.drops == [159] and len(seen_old) == 1
     scores_after, pressured_after, retired_after = seen_old[0]["after"]
     assert set(scores_after) == {0.0} and pressured_after == 0 and not retired_after
