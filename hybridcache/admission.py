@@ -11,13 +11,13 @@ memory, and saving too few makes KV hits unusable on hybrid models. Rules (combi
   turn of a multi-turn session or agent extends.
 - ``branch-point``: the point where the request leaves the cached KV path (Marconi): every
   later request that shares the prefix up to there can use it.
-- ``seen-branch``: the point where the request leaves the prefix earlier prompts went past,
+- ``seen-branch``: the point where the request leaves the prefix earlier requests went past,
   cached or not: the branch point where the KV is still cached, and where it is gone, the
-  deepest unit an earlier prompt held (:mod:`hybridcache.seen_prefixes`, a record of recent
-  prompts' units as large as the cache), unless a prompt ended there (a session's next
-  turn extends it: nothing branched). The second question on a document whose KV went
-  before it came saves the document's end, which ``branch-point`` never finds. Counted as
-  seen twice by ``min_seen`` (an earlier prompt went past it).
+  deepest unit of the prompt whose KV the cache evicted lately (:mod:`hybridcache.seen_prefixes`,
+  a record of evicted units as large as the cache), unless a recent prompt or turn ended
+  there (a session's next turn extends it: nothing branched). The second question on a
+  document whose KV went before it came saves the document's end, which ``branch-point``
+  never finds. Counted as seen twice by ``min_seen`` (an earlier request went past it).
 - ``last-block:N``: the last multiple of N tokens before the prompt's last token (N a
   multiple of the hash unit), where vLLM's align mode saves the prompt-end state (N its
   inflated block). A sibling (another question on the same document) shares that point when
@@ -68,7 +68,7 @@ class AdmissionPolicy:
     last_token: bool = False
     turn_end: bool = False
     branch_point: bool = False
-    #: ``seen-branch``: the branch point found in the record of recent prompts as well
+    #: ``seen-branch``: the branch point found in the record of evicted units as well
     #: (``Request.seen_branch``, set by the manager from :mod:`hybridcache.seen_prefixes`).
     seen_branch: bool = False
     interval: int = 0
@@ -166,7 +166,7 @@ def admission_points(
 
 def seen_branch_point(req: Request, last_in_prompt: int) -> int:
     """The ``seen-branch`` rule's boundary for ``req`` (0: none): the deeper of its KV match
-    and the point the record of recent prompts found (``Request.seen_branch``), where that
+    and the point the record of evicted units found (``Request.seen_branch``), where that
     lies past its hit, and not past its prompt's last boundary."""
     b = req.kv_hit_tokens if req.kv_hit_tokens > req.seen_branch else req.seen_branch
     return min(b, last_in_prompt) if b > req.hit_tokens else 0

@@ -16,7 +16,7 @@ from hybridcache.spec import ModelSpec
 from hybridcache.vllm_block import vllm_align_block
 
 #: The rules every candidate but one keeps (prompt end, turn end, branch points: those the
-#: cached KV shows and those the record of recent prompts shows, ``seen-branch``).
+#: cached KV shows and those the record of evicted units shows, ``seen-branch``).
 BASE_RULES = "last-token+turn-end+seen-branch"
 #: Spacing of the live cache's spare checkpoints (:func:`spare_interval`), in the model's
 #: tokens-per-snapshot: the dense candidate's that spares replaced (SGLang's idea of dense

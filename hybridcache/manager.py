@@ -102,7 +102,7 @@ class HybridCacheManager(SavePointControl):
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
         self.suffix_starts = SuffixStarts()  # the suffix-start rule's estimate (fed while it is on)
-        #: The seen-branch rule's record of recent prompts (fed while the rule is on; none without state).
+        #: The seen-branch rule's record of evicted units (fed while the rule is on; none without state).
         self.seen_prefixes = SeenPrefixes.for_cache(self.layout, self.index) if self.has_state else None
         self.index.seen = self.seen_prefixes if self.admission.seen_branch else None  # fed at each KV eviction
         if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too

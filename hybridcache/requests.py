@@ -62,7 +62,7 @@ class Request:
         # or, when the hit restored a spare checkpoint, that spare's own base.
         self.value_base = 0
         self.kv_hit_tokens = 0
-        # The seen-branch rule's point from the record of recent prompts (0: none), set at
+        # The seen-branch rule's point from the record of evicted units (0: none), set at
         # the first allocation (hybridcache.seen_prefixes).
         self.seen_branch = 0
         self.num_computed = 0

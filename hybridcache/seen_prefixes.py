@@ -10,8 +10,8 @@ block boundary; what is missing here is the memory that the prefix was there.
 
 :class:`SeenPrefixes` is that memory, kept the way ARC keeps the pages its cache let go: the
 unit digests whose KV the index evicted (:meth:`evicted`, called by the index on every KV
-eviction), in two generations of sets, a new one filled until it holds as many units as
-the cache holds KV, then the older one dropped. With the cached units (the index's own)
+eviction), in two generations of sets: at a request's end, once the newer one holds as
+many units as the cache holds KV, the older one is dropped and a new one started. With the cached units (the index's own)
 it remembers the prefixes of two to three caches' worth of units. The point is the deepest
 unit past the request's KV match that the record holds, found by bisection: KV goes tail
 first, so a run's units enter the record deepest first and a generation is dropped whole,

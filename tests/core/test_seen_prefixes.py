@@ -1,5 +1,5 @@
-"""The ``seen-branch`` rule: a branch point found in a record of recent prompts
-(:mod:`hybridcache.seen_prefixes`), where the cached KV no longer shows it."""
+"""The ``seen-branch`` rule: a branch point found in a record of the units whose KV the cache
+evicted lately (:mod:`hybridcache.seen_prefixes`), where the cached KV no longer shows it."""
 
 from __future__ import annotations
 

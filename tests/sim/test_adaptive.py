@@ -117,7 +117,7 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: mixed -0.035 -> 0.037: every fixed candidate's second half rose (``checkpoints-none`` 0.672
 #: -> 0.754) and the adaptive manager's less (0.707 -> 0.717, ``checkpoints-none`` taken at 107).
 #: On 2026-12-07 the candidates took the ``seen-branch`` rule (a branch point found in a record
-#: of recent prompts where the KV is gone; docs/results.md, "Branch points the cache
+#: of evicted units where the KV is gone; docs/results.md, "Branch points the cache
 #: forgot"): docs 0.064 -> 0.028 (the adaptive manager's second half 0.800 -> 0.829),
 #: mixed 0.037 -> 0.028 (no switch: 0.717 -> 0.704, the best fixed 0.754 -> 0.732), chat at
 #: 1 GiB 0.002 -> -0.008 (the same 0.646; the best fixed candidate fell), agent 0.005 ->
