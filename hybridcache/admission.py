@@ -69,7 +69,8 @@ class AdmissionPolicy:
     turn_end: bool = False
     branch_point: bool = False
     #: ``seen-branch``: the branch point found in the record of evicted units as well
-    #: (``Request.seen_branch``, set by the manager from :mod:`hybridcache.seen_prefixes`).
+    #: (``Request.seen_branch``, the boundary the manager works out once, at the first
+    #: allocation, from :mod:`hybridcache.seen_prefixes`).
     seen_branch: bool = False
     interval: int = 0
     #: ``last-block:N``: a state at the last multiple of N before the prompt's last token
@@ -143,10 +144,8 @@ def admission_points(
         wanted.append((p - 1) // policy.last_block * policy.last_block)
     if policy.branch_point and req.kv_hit_tokens > req.hit_tokens:
         wanted.append(min(req.kv_hit_tokens, last_in_prompt))
-    if policy.seen_branch:
-        b = seen_branch_point(req, last_in_prompt)
-        if b > 0:
-            wanted.append(b)
+    if policy.seen_branch and req.seen_branch:
+        wanted.append(req.seen_branch)
     if policy.suffix_start and req.suffix_start:
         wanted.append(req.suffix_start)
     if policy.interval:
@@ -162,14 +161,6 @@ def admission_points(
         if b > start and b > last_in_prompt:
             out.append((b, True))
     return out
-
-
-def seen_branch_point(req: Request, last_in_prompt: int) -> int:
-    """The ``seen-branch`` rule's boundary for ``req`` (0: none): the deeper of its KV match
-    and the point the record of evicted units found (``Request.seen_branch``), where that
-    lies past its hit, and not past its prompt's last boundary."""
-    b = req.kv_hit_tokens if req.kv_hit_tokens > req.seen_branch else req.seen_branch
-    return min(b, last_in_prompt) if b > req.hit_tokens else 0
 
 
 def points_by_priority(

@@ -104,8 +104,8 @@ def check_manager(m: HybridCacheManager, engine_pages: int = 0, engine_slots: in
     ``engine_slots`` taken over; see :class:`~hybridcache.port.EnginePort`)."""
     index = m.index
     check_index(index)
-    if m.seen_prefixes is not None:
-        m.seen_prefixes.sanity_check()
+    if index.seen is not None:
+        index.seen.sanity_check()
     fn, ub = hash_function(m.config.hash_algo), m.unit * 4
     assert all(tokens_chain(r, fn, ub) for r in index.heads.values()), "a run's tokens are not its units'"
     pages = [p for run in index.heads.values() for g in run.pages for p in g]

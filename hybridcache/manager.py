@@ -102,9 +102,8 @@ class HybridCacheManager(SavePointControl):
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
         self.suffix_starts = SuffixStarts()  # the suffix-start rule's estimate (fed while it is on)
-        #: The seen-branch rule's record of evicted units (fed while the rule is on; none without state).
-        self.seen_prefixes = SeenPrefixes.for_cache(self.layout, self.index) if self.has_state else None
-        self.index.seen = self.seen_prefixes if self.admission.seen_branch else None  # fed at each KV eviction
+        if self.has_state and self.admission.seen_branch:  # the rule's record, fed at each KV eviction
+            self.index.seen = SeenPrefixes.for_cache(self.layout, self.index)
         if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too
             self.coordinator.set_quota(self._registrar.quota)  # (quotas never change later)
         self.requests: dict[str, Request] = {}
@@ -344,8 +343,8 @@ class HybridCacheManager(SavePointControl):
         req.units_allocated = hit_units
         req.hit_tokens = hit_units * self.unit
         req.kv_hit_tokens = kv_units * self.unit
-        if self.admission.seen_branch and self.seen_prefixes is not None:
-            req.seen_branch = self.seen_prefixes.branch_tokens(req, kv_units, self.unit)
+        if self.admission.seen_branch and self.index.seen is not None:
+            req.seen_branch = self.index.seen.point(req, req.kv_hit_tokens, req.hit_tokens, self.unit)
         req.restore = restore
         req.value_base = req.hit_tokens
         if restore is not None:
@@ -537,8 +536,9 @@ class HybridCacheManager(SavePointControl):
             self._count_request(req)
         if finished and req.allocated and self.admission.tracks_suffixes:
             self.suffix_starts.note_end(req, self.unit)
-        if req.allocated and self.index.seen is not None:  # a point at an end extends, not branches
-            self.seen_prefixes.ended_turn(req, self.unit)  # type: ignore[union-attr]
+        rec = self.index.seen
+        if req.allocated and rec is not None:  # a point at an end extends, not branches
+            rec.ended_turn(req, self.unit)
         if req.restore is not None:
             self.index.unpin_snapshot(req.restore, self.tick)
         for s in req.draft_slots:

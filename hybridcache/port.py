@@ -233,8 +233,8 @@ class EnginePort:
             m = self._m
             start_at = (m.suffix_starts.preview(req, match.kv_hit_tokens, match.hit_tokens, m.unit)
                         if m.admission.suffix_start else 0)
-            rec = m.seen_prefixes if m.admission.seen_branch else None
-            seen = rec.branch_tokens(req, match.kv_hit_tokens // m.unit, m.unit) if rec is not None else 0
+            rec = m.index.seen if m.admission.seen_branch else None
+            seen = rec.point(req, match.kv_hit_tokens, match.hit_tokens, m.unit) if rec is not None else 0
             view = _Unallocated(req.num_tokens, match.kv_hit_tokens, match.hit_tokens, start_at, seen)
         return admission_points(self._m.admission, view, start, end, self._m.unit)  # type: ignore[arg-type]
 

@@ -62,8 +62,8 @@ class Request:
         # or, when the hit restored a spare checkpoint, that spare's own base.
         self.value_base = 0
         self.kv_hit_tokens = 0
-        # The seen-branch rule's point from the record of evicted units (0: none), set at
-        # the first allocation (hybridcache.seen_prefixes).
+        # The seen-branch rule's boundary (0: none), worked out once at the first allocation
+        # (SeenPrefixes.point: its KV match and the record of evicted units).
         self.seen_branch = 0
         self.num_computed = 0
         self.num_allocated = 0

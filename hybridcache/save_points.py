@@ -15,12 +15,7 @@ import bisect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from hybridcache.admission import (
-    admission_points,
-    points_by_priority,
-    seen_branch_point,
-    spare_points,
-)
+from hybridcache.admission import admission_points, points_by_priority, spare_points
 from hybridcache.errors import InvalidRequestError
 from hybridcache.pending_saves import PendingSaves, WithdrawnSave
 from hybridcache.plans import SavePoint
@@ -171,7 +166,7 @@ class SavePointControl:
         it. Each point is counted once per step.
 
         Internal updates: the counts of the points it checks (``_seen``)."""
-        seen = seen_branch_point(req, (req.prompt_len - 1) // self.unit * self.unit) if self.admission.seen_branch else 0
+        seen = req.seen_branch if self.admission.seen_branch else 0
         return [(b, rolling) for b, rolling in wanted
                 if rolling or b == seen or b in req.saves or self._seen_enough(req, b)]
 

@@ -66,9 +66,6 @@ class SeenPrefixes:
         snapshots)."""
         return cls(max(layout.capacity_bytes // (index.node_kv_bytes or index.snap_bytes), 1))
 
-    def __len__(self) -> int:
-        return len(self._new | self._old)
-
     def _held(self, d: bytes) -> bool:
         return d in self._new or d in self._old
 
@@ -93,10 +90,15 @@ class SeenPrefixes:
         last = digests[a - 1]
         return 0 if last in self._ends or last in self._old_ends else a
 
-    def branch_tokens(self, req: Request, kv_units: int, unit: int) -> int:
-        """:meth:`branch` for ``req``'s prompt past a KV match of ``kv_units``, in tokens
-        (the ``seen-branch`` rule's ``Request.seen_branch``). Read-only."""
-        return self.branch(req.hasher.digests, kv_units, req.num_tokens // unit) * unit
+    def point(self, req: Request, kv_hit: int, hit: int, unit: int) -> int:
+        """The ``seen-branch`` rule's boundary for ``req``'s prompt (``Request.seen_branch``;
+        0: none): the deeper of its KV match (``kv_hit`` tokens) and :meth:`branch` past
+        it, where that lies past its hit (``hit`` tokens), and not past the prompt's last
+        boundary. Worked out once, at the first allocation: the rule reads it at every step
+        (and ``min_seen`` counts it as seen twice). Read-only."""
+        n = req.num_tokens
+        b = max(kv_hit, self.branch(req.hasher.digests, kv_hit // unit, n // unit) * unit)
+        return min(b, (n - 1) // unit * unit) if b > hit else 0
 
     def evicted(self, digests: Iterable[bytes]) -> None:
         """Record units whose KV the cache evicted (a generation is started only at a
