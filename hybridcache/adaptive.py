@@ -75,6 +75,7 @@ from hybridcache.sample_rate import FOOTPRINT_FIRST_CHECK as FOOTPRINT_FIRST_CHE
 from hybridcache.sample_rate import MAX_COUNTED_FAMILIES as MAX_COUNTED_FAMILIES
 from hybridcache.sample_rate import MIN_FAMILIES as MIN_FAMILIES
 from hybridcache.sample_rate import SampleRate
+from hybridcache.seen_prefixes import fit_record
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
 from hybridcache.shift import DropDetector, ShiftDetector
 from hybridcache.spec import ModelSpec
@@ -553,6 +554,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._lead = (None, 0)
         self._reset_pairs()
         self._use(best.admission)
+        fit_record(self, keep_unused=True)
         set_weighting(self, best.weighting)
         self.config = replace(self.config, admission=best.config.admission, min_seen=best.config.min_seen)
         self.current = best.name

@@ -44,7 +44,7 @@ from hybridcache.requests import Request
 from hybridcache.room import Room
 from hybridcache.runs import Hold, hold_tables, truncate_holds
 from hybridcache.save_points import SavePointControl
-from hybridcache.seen_prefixes import SeenPrefixes
+from hybridcache.seen_prefixes import fit_record
 from hybridcache.spec import AttentionKind, ModelSpec
 from hybridcache.step import _Hit, _Step, _Undo
 from hybridcache.suffix_starts import SuffixStarts
@@ -102,8 +102,7 @@ class HybridCacheManager(SavePointControl):
         self._snap_flops_cap = self._unit_flops * self.index.snap_bytes / kv if kv else float("inf")
         self._registrar = CommitRegistrar(self)  # what a commit registers
         self.suffix_starts = SuffixStarts()  # the suffix-start rule's estimate (fed while it is on)
-        if self.has_state and self.admission.seen_branch:  # the rule's record, fed at each KV eviction
-            self.index.seen = SeenPrefixes.for_cache(self.layout, self.index)
+        fit_record(self)  # the seen-branch rule's record, fed at each KV eviction
         if self.coordinator is not None and cfg.tenant_quotas:  # sliding entries count too
             self.coordinator.set_quota(self._registrar.quota)  # (quotas never change later)
         self.requests: dict[str, Request] = {}

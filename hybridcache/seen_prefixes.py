@@ -37,7 +37,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.arena import ArenaLayout
     from hybridcache.index import PrefixIndex
+    from hybridcache.manager import HybridCacheManager
     from hybridcache.requests import Request
+
+
+def fit_record(mgr: HybridCacheManager, *, keep_unused: bool = False) -> None:
+    """Give ``mgr``'s index a record (``index.seen``) when its rules read one, and (unless
+    ``keep_unused``) none when they do not.
+
+    Why not once, at construction: a shadow's cache is at times a copy of another
+    candidate's (:meth:`hybridcache.shadow.ShadowCache.copy_cache`), record and all, and the
+    live cache adopts other candidates' rules. A ``seen-branch`` setting that came back on a
+    copy of ``prompt-turn-recency``'s cache (no record) would otherwise never find a point
+    again; a setting without the rule would feed a copied record it never reads. A record
+    started here is empty: the evictions before it are not known. The live cache keeps
+    its record while it runs other rules (``keep_unused``), so that it is current if they
+    come back."""
+    idx = mgr.index
+    if not (mgr.has_state and mgr.admission.seen_branch):
+        if not keep_unused:
+            idx.seen = None
+    elif idx.seen is None:
+        idx.seen = SeenPrefixes.for_cache(mgr.layout, idx)
 
 
 class SeenPrefixes:

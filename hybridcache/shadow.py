@@ -27,6 +27,7 @@ from collections.abc import Sequence
 
 from hybridcache.config import CacheConfig
 from hybridcache.requests import Request
+from hybridcache.seen_prefixes import fit_record
 from hybridcache.spec import ModelSpec
 from hybridcache.step import _Step
 
@@ -247,6 +248,7 @@ class ShadowCache:
         memo = {id(src): self.mgr, id(src.spec): src.spec}
         self.mgr.__dict__.update(copy.deepcopy(src.__dict__, memo))
         self.mgr.config, self.mgr.admission = own.config, own.admission
+        fit_record(self.mgr)  # the source's record where this setting reads one, else none
         self._next_id = src_shadow._next_id
         self.host = None
 

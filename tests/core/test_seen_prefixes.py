@@ -160,3 +160,33 @@ def test_an_engine_plans_the_point_its_allocation_saves():
     alloc = m.allocate("q2", len(toks))
     assert planned == [(100, False), (108, False)]
     assert [s.boundary for s in alloc.save_points] == [b for b, _ in planned]
+
+
+def test_a_cache_copied_from_another_setting_keeps_a_record_exactly_when_its_rules_read_one():
+    """A shadow restarted from another candidate's cache (``ShadowCache.copy_cache``) takes
+    the rules it keeps, and the record with them: a ``seen-branch`` setting copied from
+    a cache that kept none starts one (and the document's third question resumes at its
+    end, as in a cache that ran the rule all along); a setting without the rule drops the
+    copied one (it would feed a record it never reads)."""
+    from hybridcache.config import CacheConfig
+    from hybridcache.shadow import ShadowCache
+    from tests.core.test_manager import U, tiny_spec
+
+    def shadow(admission: str) -> ShadowCache:
+        return ShadowCache(admission, tiny_spec(), 8 * 9216, CacheConfig(hash_unit=U, admission=admission))
+
+    plain, seen = shadow("last-token"), shadow("last-token+seen-branch")
+    assert plain.mgr.index.seen is None and seen.mgr.index.seen is not None
+    serve(plain.mgr, "p0", [7] * 40, output=(77,))
+    seen.copy_cache(plain)
+    assert seen.mgr.index.seen is not None
+    hits = []
+    for rid, toks in (("q1", DOC + list(range(1, 11))), ("o1", OTHER + [4]),
+                      ("q2", DOC + list(range(21, 31))), ("q3", DOC + list(range(41, 51)))):
+        res, _ = serve(seen.mgr, rid, toks, output=(77,))
+        hits.append(res.hit_tokens)
+    assert hits[-1] == 100, hits
+    seen.mgr.check_invariants()
+    plain.copy_cache(seen)
+    assert plain.mgr.index.seen is None
+    plain.mgr.check_invariants()

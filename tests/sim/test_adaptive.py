@@ -478,6 +478,23 @@ def test_adopting_a_seen_twice_setting_takes_the_counts_its_shadow_kept(kimi):
     assert all(m._seen[d] >= n for d, n in shadow.mgr._seen.items())
 
 
+def test_the_live_cache_keeps_a_seen_branch_record_whatever_it_adopts(kimi):
+    """The live cache keeps its record of evicted units (``seen-branch``) while it runs a
+    setting without the rule, so the record is current if the rule comes back; where it
+    has none (a candidate set whose first setting lacks the rule), adopting a setting
+    with the rule starts one (:func:`hybridcache.seen_prefixes.fit_record`)."""
+    m = AdaptiveManager(kimi, 1 << 30, ADAPTIVE)
+    _branching_requests(m, 12, 6000, seed=3)
+    record = m.index.seen
+    assert record is not None and m.admission.seen_branch
+    m._adopt(m._shadow("prompt-turn-recency"))
+    assert not m.admission.seen_branch and m.index.seen is record
+    m.index.seen = None
+    m._adopt(m._shadow("no-prompt-end"))
+    assert m.admission.seen_branch and m.index.seen is not None
+    m.check_invariants()
+
+
 def test_a_shadow_that_never_fills_does_not_hold_the_comparison_back(kimi, monkeypatch):
     """The count rule compares once the current candidate's shadow is under pressure, and
     only the shadows that are: a shadow that has not evicted (``seen-twice-recency`` saves
