@@ -68,7 +68,11 @@ class SeenPrefixes:
     ``capacity`` units (between two ends it may grow past it by one request's evictions);
     ``_old`` is the generation before ``_new``, dropped whole when the next one starts;
     ``_ends`` / ``_old_ends`` hold the last units noted while ``_new`` / ``_old`` were the
-    newer generation.
+    newer generation, except that ``_ends`` alone is started again once it holds
+    ``2 x capacity`` units. Why that bound: an end noted in this generation is cached or
+    was evicted since (and so is in ``_new``), which keeps ``_ends`` below about twice the
+    cache's units; ends of units the cache never registered (a tenant over its quota) are
+    neither, and without it a cache that rarely evicts would keep them all.
     """
 
     def __init__(self, cache_units: int) -> None:
@@ -144,6 +148,8 @@ class SeenPrefixes:
         if len(self._new) >= self.capacity:
             self._old, self._new = self._new, set()
             self._old_ends, self._ends = self._ends, set()
+        elif len(self._ends) >= 2 * self.capacity:  # a hard bound on the ends alone (below)
+            self._old_ends, self._ends = self._ends, set()
         ds, n = req.hasher.digests, req.prompt_len // unit
         if n:
             self._ends.add(ds[n - 1])
@@ -155,3 +161,4 @@ class SeenPrefixes:
         """Raise ``AssertionError`` if an invariant does not hold."""
         assert self._old is not self._new and self._ends is not self._old_ends, "one generation twice"
         assert not self._old or len(self._old) >= self.capacity, "a generation retired before it was full"
+        assert len(self._ends) < 2 * self.capacity + 2, "the ends outgrew their bound"

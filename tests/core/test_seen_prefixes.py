@@ -123,6 +123,20 @@ def test_the_record_forgets_by_whole_generations():
         SeenPrefixes(0)
 
 
+def test_the_ends_are_bounded_where_nothing_is_evicted():
+    """Ends of units the cache never registered (a tenant over its quota) are neither cached
+    nor evicted: a record that never fills would keep every one. The ends alone start again
+    at twice the cache's units, and the latest stay ends (a point there is no branch)."""
+    rec = SeenPrefixes(4)
+    for i in range(100):
+        rec.ended_turn(Ended(chain([i, 1000]), 2, 2), 1)
+        rec.sanity_check()
+    assert len(rec._ends) < 8 and len(rec._old_ends) == 8
+    last = chain([99, 1000])
+    rec.evicted(reversed(last))
+    assert rec.branch(last + chain([5]), 0, 3) == 0  # the end of the last prompt: no branch
+
+
 prompts = st.lists(st.lists(st.integers(0, 3), min_size=1, max_size=12), min_size=1, max_size=30)
 
 
