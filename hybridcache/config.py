@@ -35,7 +35,7 @@ class CacheConfig:
     hash_unit: int = 16
     hash_algo: str = "xxh3_128"
     hash_seed: str = ""
-    admission: str = "last-token+turn-end+branch-point"
+    admission: str = "last-token+turn-end+seen-branch"
     eviction: str = "value"
     marconi_alpha: float = 1.0
     marconi_window: int = 64

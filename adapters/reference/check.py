@@ -49,7 +49,7 @@ class CheckOptions:
     prefill_chunk: int = 64
     hash_unit: int = 16
     max_live: int = 4
-    admission: str = "last-token+turn-end+branch-point"
+    admission: str = "last-token+turn-end+seen-branch"
     eviction: str = "value"
     model: ReferenceConfig = ReferenceConfig()
     shape: WorkloadShape = WorkloadShape()

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.vllm
 
 UNIT = 16
 ADMISSIONS = (DEFAULT_ADMISSION, DEFAULT_ADMISSION + "+interval:128", "last-token",
-              "chunk-end+turn-end")
+              "chunk-end+turn-end", "last-token+turn-end+branch-point")
 EVICTIONS = ("value", "lru", "marconi")
 
 

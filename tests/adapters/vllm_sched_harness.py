@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from hybridcache.config import CacheConfig
+
 BLOCK = 64
 NUM_LAYERS = 4
 
@@ -356,7 +358,7 @@ def chats_and_document(seed: int, *, chats: int, turns: int, first: tuple[int, i
     return sessions
 
 
-DEFAULT_ADMISSION = "last-token+turn-end+branch-point"
+DEFAULT_ADMISSION = CacheConfig().admission  # the library's default rules
 
 
 def random_stream(seed: int) -> tuple[dict[str, list[Turn]], dict]:
