@@ -75,7 +75,8 @@ class ManagerMachine(RuleBasedStateMachine):
         eviction=st.sampled_from(["lru", "value", "marconi"]),
         admission=st.sampled_from(
             ["last-token+turn-end+branch-point", "chunk-end", "interval:8+turn-end", "last-token",
-             "adaptive", "last-token+spare-interval:8", "last-block:8+branch-point"]
+             "adaptive", "last-token+spare-interval:8", "last-block:8+branch-point",
+             "last-token+turn-end+seen-branch"]
         ),
         blocks=st.integers(3, 12),
         state=st.booleans(),
@@ -319,7 +320,8 @@ class SlidingWindowMachine(ManagerMachine):
 
     @rule(
         eviction=st.sampled_from(["lru", "value", "marconi"]),
-        admission=st.sampled_from(["last-token+turn-end+branch-point", "interval:8+turn-end", "chunk-end"]),
+        admission=st.sampled_from(["last-token+turn-end+branch-point", "interval:8+turn-end", "chunk-end",
+                                   "last-token+turn-end+seen-branch"]),
         blocks=st.integers(5, 20),
         state=st.booleans(),
         window=st.sampled_from([1, 5, 9, 14]),
