@@ -84,6 +84,31 @@ def test_check_fails_when_the_snapshot_is_not_restored(mutation):
     assert report.max_abs_diff > 1e-2
 
 
+#: Documents asked one question each, three of them in a cache that holds about one: a
+#: question often comes after the other documents evicted its document's KV.
+DOCS_UNDER_PRESSURE = WorkloadShape(system_prompts=1, documents=3, document_len=(120, 200),
+                                    p_chat=0.1, p_document=0.8, doc_turns=(1, 1))
+
+
+@pytest.mark.parametrize(("seed", "kib"), [(0, 56), (1, 56), (3, 72)])
+def test_check_passes_with_states_saved_from_the_record_of_evicted_units(seed, kib):
+    """The default rules' ``seen-branch`` saves a state where a question leaves a document
+    whose KV the cache let go (``hybridcache.seen_prefixes``), which ``branch-point`` never
+    saves; later questions resume from those states. Cached outputs equal uncached ones
+    with either rule, and the rules' hits differ, so the record's states were served
+    (measured hit tokens, branch-point / seen-branch: 0 / 128, 432 / 752, 64 / 496)."""
+    hits = {}
+    for adm in ("last-token+turn-end+branch-point", "last-token+turn-end+seen-branch"):
+        report = run_check(tiny_options(seed=seed, requests=16, capacity=kib * 1024,
+                                        shape=DOCS_UNDER_PRESSURE, admission=adm))
+        _assert_ok(report)
+        hits[adm] = report.hit_tokens
+    assert len(set(hits.values())) == 2 and hits["last-token+turn-end+seen-branch"] > 0, hits
+    mutated = run_check(tiny_options(seed=seed, requests=16, capacity=kib * 1024, shape=DOCS_UNDER_PRESSURE,
+                                     admission="last-token+turn-end+seen-branch", mutation="skip-copy"))
+    assert not mutated.ok  # the hits restored states: without the copy the outputs differ
+
+
 workloads = st.builds(
     WorkloadShape,
     system_prompts=st.integers(1, 3),
