@@ -21,7 +21,7 @@ some prompt went past, only not the deepest). It costs nothing while nothing is 
 Not every such point is a branch. A session's next turn extends the previous turn: where
 its KV went, the deepest unit held is the previous turn's end (or its prompt's, if only
 that was cached), where nothing branched. The last units of recent prompts and turns are
-kept too (:meth:`ended`), and a point at one of them is none (the turn end is the
+kept too (:meth:`ended_turn`), and a point at one of them is none (the turn end is the
 ``turn-end`` rule's). The size is the cache's own (its KV units), so nothing here comes from
 a trace: a prefix evicted longer ago than a cache's worth of evictions is forgotten.
 Measured over 150 falcon-h1-7b cells (a record of prompts' units, kept exactly, least
@@ -134,10 +134,6 @@ class SeenPrefixes:
     def evicted_one(self, digest: bytes) -> None:
         """:meth:`evicted` of one unit (the index's per-unit eviction)."""
         self._new.add(digest)
-
-    def ended(self, digest: bytes) -> None:
-        """Record a prompt's or a turn's last unit: a point there extends, not branches."""
-        self._ends.add(digest)
 
     def ended_turn(self, req: Request, unit: int) -> None:
         """Record ``req``'s prompt's last full unit and, past it, its turn's (the request is

@@ -82,6 +82,12 @@ def test_seen_branch_parses_and_is_listed():
     assert "seen-branch" in ADMISSION_RULES
 
 
+class Ended:  # what ended_turn reads of a request leaving the cache
+    def __init__(self, digests: list[bytes], prompt_len: int, computed: int) -> None:
+        self.hasher = type("H", (), {"digests": digests})()
+        self.prompt_len, self.num_computed = prompt_len, computed
+
+
 def test_the_record_finds_the_deepest_unit_the_cache_let_go():
     rec = SeenPrefixes(100)
     a = chain([1, 2, 3, 4, 5, 6])
@@ -90,16 +96,10 @@ def test_the_record_finds_the_deepest_unit_the_cache_let_go():
     assert rec.branch(b, 0, 7) == 4  # units 0-3 held, unit 4 differs
     assert rec.branch(b, 4, 7) == 0  # nothing deeper than the KV match
     assert rec.branch(a + chain([7]), 0, 7) == 6  # a went on past unit 5: a branch there
-    rec.ended(a[-1])  # ... unless a prompt or a turn ended there: an extension
+    rec.ended_turn(Ended(a, 6, 6), 1)  # ... unless a prompt or a turn ended there: an extension
     assert rec.branch(a + chain([7]), 0, 7) == 0
     assert rec.branch(chain([8, 2, 3]), 0, 3) == 0  # never held
     rec.sanity_check()
-
-
-class Ended:  # what ended_turn reads of a request leaving the cache
-    def __init__(self, digests: list[bytes], prompt_len: int, computed: int) -> None:
-        self.hasher = type("H", (), {"digests": digests})()
-        self.prompt_len, self.num_computed = prompt_len, computed
 
 
 def test_the_record_forgets_by_whole_generations():
