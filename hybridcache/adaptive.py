@@ -58,6 +58,7 @@ import math
 import time
 from dataclasses import replace
 
+from hybridcache.adaptive_report import adaptive_stats
 from hybridcache.admission import AdmissionPolicy
 from hybridcache.adoption import carry_seen, set_weighting
 from hybridcache.candidates import BASE_RULES as BASE_RULES
@@ -77,6 +78,7 @@ from hybridcache.sample_rate import MIN_FAMILIES as MIN_FAMILIES
 from hybridcache.sample_rate import SampleRate
 from hybridcache.seen_prefixes import fit_record
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
+from hybridcache.shadow_backlog import Sampled, backlog_for
 from hybridcache.shift import DropDetector, ShiftDetector
 from hybridcache.spec import ModelSpec
 
@@ -257,6 +259,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
             shadow.weighting = c.weighting
             self._pair_twin(shadow)
             self.shadows.append(shadow)
+        self._backlog = backlog_for([s.admission for s in self.shadows], self._burst, getattr(self, "_backlog", None))
         kv = self.spec.kv_bytes_per_token or 1
         self._decay_per_token = kv / (WINDOW_FILLS * cap)
 
@@ -323,24 +326,31 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         if (self.running or exploring) and int.from_bytes(key[:8], "little") / KEY_SPACE < self.rate:
             if len(self._families) < MIN_FAMILIES:
                 self._families.add(key)
-            cost = work * (len(self.shadows) - len(self._retired))
-            self._credit -= cost
-            self.shadow_units += cost
-            t0 = time.process_time()
-            self._observe(digests, prompt_len, total, tenant)
-            self.shadow_seconds += time.process_time() - t0
-            if self._credit < 0 and not exploring:
-                self.running = False
+            self._backlog.push(Sampled(list(digests), prompt_len, total, tenant, work))
+        if self._backlog.units:
+            for r in self._backlog.release(self.index):
+                self._feed(r)
         self.computed_tokens += total
         if self.finished >= self._footprint_check:
             self._check_footprint()
         if self.finished - self._checked_finished >= FAMILY_CHECK_EVERY:
             self._check_families()
 
+    def _feed(self, r: Sampled) -> None:
+        """Replay a sampled request into the shadows, out of the budget's bucket."""
+        exploring = self._pressured < EXPLORE_PAIRS
+        cost = r.units * (len(self.shadows) - len(self._retired))
+        self._credit -= cost
+        self.shadow_units += cost
+        t0 = time.process_time()
+        self._observe(r.digests, r.prompt_len, r.total, r.tenant)
+        self.shadow_seconds += time.process_time() - t0
+        if self._credit < 0 and not exploring:
+            self.running = False
+
     def _observe(self, digests: list[bytes], prompt_len: int, total: int, tenant: str | None) -> None:
         self.sampled += 1
         decay = math.exp(-prompt_len * self._decay_per_token)
-        digests = list(digests)
         prompt = digests[: prompt_len // self.unit]  # shared by the shadows (only read)
         retired = self._retired
         active = [s for i, s in enumerate(self.shadows) if i not in retired]
@@ -573,23 +583,5 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         return lead.z(1.0) if lead is not None else 0.0
 
     def adaptive_stats(self) -> dict[str, object]:
-        """What the adaptation did: the rate, the candidate in force, the shadows' figures."""
-        return {
-            "rate": self.rate,
-            "current": self.current,
-            "running": self.running,
-            "exploring": self._pressured < EXPLORE_PAIRS,
-            "overhead_units": self.shadow_units / self.live_units if self.live_units else 0.0,
-            "shadow_seconds": self.shadow_seconds,
-            "switches": list(self.switches),
-            "sampled": self.sampled,
-            "retired": [self.shadows[i].name for i in sorted(self._retired)],
-            "retirements": self.retirements,
-            "reentries": self.reentries,
-            "shifts": list(self.shifts), "drops": list(self.drops),
-            "shadows": {s.name: {"admission": s.config.admission, "weighting": s.weighting,
-                                 "min_seen": s.config.min_seen, "score": s.score,
-                                 "hit_rate": s.hit_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-                                 "lead_z": self._lead_z(i)}
-                        for i, s in enumerate(self.shadows)},
-        }
+        """What the adaptation did (:func:`hybridcache.adaptive_report.adaptive_stats`)."""
+        return adaptive_stats(self, self._pressured < EXPLORE_PAIRS)

@@ -96,6 +96,22 @@ class AdmissionPolicy:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tracks_suffixes", self.suffix_start or self.spare_suffix_start)
 
+    def saves_within(self, other: AdmissionPolicy) -> bool:
+        """Whether, while nothing is evicted, ``other`` saves every point these rules save.
+
+        Why: the adaptive policy's shadows wait for the live cache's pressure only where
+        every candidate saves within the setting the live cache starts from
+        (:mod:`hybridcache.shadow_backlog`). ``branch-point`` and ``seen-branch`` save the
+        same points until something is evicted (the record of evicted units is empty); the
+        spare rules are left out (they only ever add points, into free room)."""
+        o = other
+        return ((not self.last_token or o.last_token) and (not self.turn_end or o.turn_end)
+                and (not (self.branch_point or self.seen_branch) or o.branch_point or o.seen_branch)
+                and (not self.interval or (o.interval > 0 and self.interval % o.interval == 0))
+                and (not self.last_block or self.last_block == o.last_block)
+                and (not self.chunk_end or o.chunk_end) and (not self.suffix_start or o.suffix_start)
+                and self.min_seen >= o.min_seen)
+
     @classmethod
     def parse(cls, text: str, hash_unit: int) -> AdmissionPolicy:
         """Parse ``"last-token+turn-end+interval:256"``; unknown rules list the known ones."""

@@ -131,6 +131,9 @@ class PrefixIndex(ChainWalks):
         self.snapshots = 0
         self.pinned_snapshots = 0
         self.evictions = {"kv": 0, "state": 0}
+        #: Snapshots evicted while ranked first (spares, demoted, superseded): of
+        #: ``evictions["state"]``, those that were no rule's valued entry (shadow_backlog).
+        self.floor_evictions = 0
         self.evicted_bytes = {"kv": 0, "state": 0}
         lay = arena.layout
         self.node_kv_bytes = lay.page_bytes * self.kv_groups
@@ -551,6 +554,8 @@ class PrefixIndex(ChainWalks):
         assert node.snap_ref == 0 and slot >= 0
         self.snap_q.discard(node)
         self.snapshots -= 1
+        if node.snap_demoted or node.snap_superseded:
+            self.floor_evictions += 1
         if not keep_slot:
             self.arena.free_slot(slot)
         if self.events is None:  # _account without an event (one call fewer per victim)

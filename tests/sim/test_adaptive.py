@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
-from hybridcache import adaptive
+from hybridcache import adaptive, shadow_backlog
 from hybridcache.adaptive import AdaptiveManager, candidate_settings, set_weighting, spare_interval
 from hybridcache.decision import PairTable
 from hybridcache.manager import CacheConfig, HybridCacheManager
@@ -264,10 +264,11 @@ def test_paired_difference_needs_a_consistent_lead():
     assert PairedDifference().z(1) == 0.0
 
 
-def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi):
+def test_request_freed_before_its_prompt_is_computed_is_not_replayed(kimi, monkeypatch):
     """Chunked prefill cut short: the shadows skip it, and free() still works."""
     import numpy as np
 
+    monkeypatch.setattr(shadow_backlog, "WAIT_FOR_PRESSURE", False)  # fed at once
     m = HybridCacheManager(kimi, 4 << 30, ADAPTIVE)
     m.rate = 1.0
     prompt = np.arange(1, 3001, dtype=np.uint32)
