@@ -20,7 +20,7 @@ finished request, the ones sampled meanwhile queued behind them, so that no requ
 for the whole backlog at once. The shadows see the same requests in the same order as if
 fed at once; only their decisions come later. A decision before the pressure saves no
 more hits then, but what the setting admits shapes what the cache holds when the pressure
-comes: over 550 generated cells, 8 moved by more than 0.001 (up and down, mean hit within
+comes: over 600 generated cells, 9 moved by more than 0.001 (up and down, mean hit within
 0.0002; docs/results.md, "The shadows wait for the live cache's pressure").
 
 Rebuilt shadows (a raised sampling rate, :mod:`hybridcache.sample_rate`) start cold, so the
