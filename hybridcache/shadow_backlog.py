@@ -20,8 +20,8 @@ finished request, the ones sampled meanwhile queued behind them, so that no requ
 for the whole backlog at once. The shadows see the same requests in the same order as if
 fed at once; only their decisions come later. A decision before the pressure saves no
 more hits then, but what the setting admits shapes what the cache holds when the pressure
-comes: over 600 generated cells, 9 moved by more than 0.001 (up and down, mean hit within
-0.0002; docs/results.md, "The shadows wait for the live cache's pressure").
+comes: over 600 generated cells, 9 moved by more than 0.001 (up and down; each set's mean hit
+within 0.0003; docs/results.md, "The shadows wait for the live cache's pressure").
 
 Rebuilt shadows (a raised sampling rate, :mod:`hybridcache.sample_rate`) start cold, so the
 backlog is dropped with them; whether the live cache was under pressure stays known. A
