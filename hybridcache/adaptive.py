@@ -78,7 +78,7 @@ from hybridcache.sample_rate import MIN_FAMILIES as MIN_FAMILIES
 from hybridcache.sample_rate import SampleRate
 from hybridcache.seen_prefixes import fit_record
 from hybridcache.shadow import KEY_SPACE, ChainKeys, PairedDifference, ShadowCache
-from hybridcache.shadow_backlog import Sampled, backlog_for
+from hybridcache.shadow_backlog import Backlog, Sampled, backlog_for
 from hybridcache.shift import DropDetector, ShiftDetector
 from hybridcache.spec import ModelSpec
 
@@ -234,7 +234,12 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self.shadows = []
         self._families: set[bytes] = set()
         self._checked_finished = self.finished
-        if len(self.candidates) < 2:
+        self._pressured = 0  # requests fed while the current shadow was under pressure
+        #: Retired shadows (index -> decay of the window since retirement).
+        self._retired: dict[int, float] = {}
+        self.retirements = self.reentries = 0
+        if len(self.candidates) < 2:  # nothing to choose (a model without state): no shadows
+            self._backlog = Backlog(0, waiting=False)
             return
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
@@ -242,15 +247,11 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self.keys.budget = (math.inf if self.rate >= 1.0
                             else cap / unit_bytes / MIN_FAMILIES / (1.0 - self.rate))
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
-        self._pressured = 0  # requests fed while the current shadow was under pressure
         self._under_pressure = False
         self._pairs = PairTable(len(self.candidates))
-        #: Retired shadows (index -> decay of the window since retirement) and the
-        #: window's weight of fed requests (the current shadow's mean saving per request
-        #: is its score over this).
-        self._retired: dict[int, float] = {}
+        #: The window's weight of fed requests (the current shadow's mean saving per
+        #: request is its score over this).
         self._fed_weight = 0.0
-        self.retirements = self.reentries = 0
         self._credit = float(self._burst)
         base = replace(self.adaptive_config, tenant_quotas=None)
         for c in self.candidates:

@@ -69,6 +69,21 @@ def test_selected_by_config(kimi):
     assert type(HybridCacheManager(kimi, 4 << 30, CacheConfig())) is HybridCacheManager
 
 
+def test_a_model_without_state_runs_with_no_shadows_and_reports_it(kimi):
+    """Nothing to choose without state (one candidate): no shadows, nothing sampled, and
+    ``adaptive_stats()`` still answers (it raised on the exploration count before)."""
+    import numpy as np
+
+    flat = dataclasses.replace(kimi, name="kimi/kv-only", state_groups=())
+    m = HybridCacheManager(flat, 1 << 30, ADAPTIVE)
+    m.add_request("a", np.arange(1, 401, dtype=np.uint32))
+    m.allocate("a", 400)
+    m.commit("a", 400)
+    m.free("a")
+    st = m.adaptive_stats()
+    assert st["shadows"] == {} and st["sampled"] == 0 and not st["waiting"] and st["backlog"] == 0
+
+
 def test_candidates_are_relative_to_the_model(kimi):
     for spec in (kimi, get_preset("qwen3-next-80b")):
         tps = spec.snapshot_bytes / spec.kv_bytes_per_token
