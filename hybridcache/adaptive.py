@@ -583,6 +583,11 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         lead = self._pairs.lead(i, ci) if i != ci else None
         return lead.z(1.0) if lead is not None else 0.0
 
+    def check_invariants(self) -> None:
+        """The manager's invariants (:mod:`hybridcache.invariants`) and the backlog's."""
+        super().check_invariants()
+        self._backlog.sanity_check()
+
     def adaptive_stats(self) -> dict[str, object]:
         """What the adaptation did (:func:`hybridcache.adaptive_report.adaptive_stats`)."""
         return adaptive_stats(self, self._pressured < EXPLORE_PAIRS)

@@ -78,6 +78,7 @@ def check_index(index: PrefixIndex) -> None:
     assert len(slots) == len(set(slots)), "a slot registered twice"
     assert all(arena._live[2][s] for s in slots), "a registered slot is free in the arena"
     assert index.snapshots == len(slots) and index.pinned_snapshots == pinned, "snapshot counters"
+    assert 0 <= index.floor_evictions <= index.evictions["state"], "floor evictions are state evictions"
     for cache in index.sliding:  # sliding entries count for the tenant that registered them
         for e in cache.entries.values():
             tenant[e.tenant] = tenant.get(e.tenant, 0) + cache.entry_bytes

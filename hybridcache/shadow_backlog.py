@@ -112,11 +112,6 @@ class Backlog:
             self.units -= r.units
         return out
 
-    def clear(self) -> None:
-        """Drop the queued requests (the shadows were rebuilt cold); the wait stays as it was."""
-        self._queue.clear()
-        self.units = 0
-
     def sanity_check(self) -> None:
         """Raise ``AssertionError`` if an invariant does not hold."""
         assert self.units == sum(r.units for r in self._queue), "backlog units"
