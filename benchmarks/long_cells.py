@@ -12,7 +12,10 @@ cell runs through ``bench_manager.serve_requests`` (the loop of the overhead fig
 every candidate of ``candidate_settings`` as a fixed manager, then
 ``CacheConfig(admission="adaptive")``. Per cell: the adaptive policy's token hit rate and
 prefill FLOPs saved, its starting candidate's, the best candidate's, the gap, the requests
-fed to the shadows, the shadows' work over the live work (units handled) and the switches;
+fed to the shadows (and how many after the exploration ended, at which request, with the
+overhead bucket's credit at the end over the live work: negative is the exploration's
+work not yet paid back, during which the shadows stay paused), the shadows' work over the live
+work (units handled) and the switches;
 at the end, the cells behind (gap below -0.002) and the means. The peers at these lengths
 come from ``sweep_adaptive.py generated --requests N`` (slower: vLLM's scheduler).
 """
@@ -65,11 +68,14 @@ def cell(model: str, kind: str, seed: int, gib: int, n: int) -> dict:
     hit, flops = rates(m, reqs)
     best = max(fixed, key=lambda name: fixed[name][0])
     start = candidates[0].name
+    stats = m.adaptive_stats()
     return {
         "trace": f"{kind}:{seed}", "capacity_gib": gib, "adaptive": hit, "adaptive_flops": flops,
         "start": fixed[start][0], "best": best, "best_rate": fixed[best][0], "best_flops": fixed[best][1],
         "gap": hit - fixed[best][0], "fed": m.sampled,
         "shadow_work": m.shadow_units / max(1, m.live_units), "switches": m.switches[1:],
+        "explored_at": stats["explored_at"], "fed_after": stats["fed_since_explored"],
+        "credit_over_live": stats["credit"] / max(1, m.live_units),
         "fixed": {name: r[0] for name, r in fixed.items()},
     }
 
@@ -78,7 +84,9 @@ def line(r: dict) -> str:
     mark = " behind" if r["gap"] < -TOLERANCE else ""
     return (f"{r['trace']}@{r['capacity_gib']} GiB: adaptive {r['adaptive']:.4f} / {r['adaptive_flops']:.4f}, "
             f"start {r['start']:.4f}, best {r['best']} {r['best_rate']:.4f} / {r['best_flops']:.4f}, "
-            f"gap {r['gap']:+.4f}{mark}; fed {r['fed']}, shadow work {r['shadow_work']:.2f}x, "
+            f"gap {r['gap']:+.4f}{mark}; fed {r['fed']} ({r['fed_after']} after the exploration, "
+            f"ended at {r['explored_at']}; bucket {r['credit_over_live']:+.2f}x the live work), "
+            f"shadow work {r['shadow_work']:.2f}x, "
             f"switches {r['switches']}")
 
 

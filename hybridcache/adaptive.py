@@ -235,11 +235,13 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._families: set[bytes] = set()
         self._checked_finished = self.finished
         self._pressured = 0  # requests fed while the current shadow was under pressure
+        #: ``(finished, sampled)`` when the exploration last ended (None while it runs).
+        self.explored: tuple[int, int] | None = None
         #: Retired shadows (index -> decay of the window since retirement).
         self._retired: dict[int, float] = {}
         self.retirements = self.reentries = 0
         if len(self.candidates) < 2:  # nothing to choose (a model without state): no shadows
-            self._backlog = Backlog(0, waiting=False)
+            self._backlog, self._burst, self._credit = Backlog(0, waiting=False), 0, 0.0
             return
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
@@ -372,6 +374,8 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._fed_weight = self._fed_weight * decay + 1.0
         if self._under_pressure:
             self._pressured += 1
+            if self._pressured == EXPLORE_PAIRS:
+                self.explored = (self.finished, self.sampled)
         cur = self._shadow(self.current).last
         for s in active:
             s.pair.add(s.last - cur, decay)
@@ -496,7 +500,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
                 self._pairs.restart(i)
         self._fed_weight = 0.0
         self._lead = (None, 0)
-        self._pressured = 0
+        self._pressured, self.explored = 0, None
 
     def _after_drop(self) -> None:
         """A sustained fall of the live hits (:class:`~hybridcache.shift.DropDetector`): the

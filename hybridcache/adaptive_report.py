@@ -15,7 +15,19 @@ def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
 
     ``overhead_units`` is the shadows' units fed over the live units; ``waiting`` whether
     the sampled requests still wait for the live cache's pressure, and ``backlog`` how
-    many do (:mod:`hybridcache.shadow_backlog`)."""
+    many do (:mod:`hybridcache.shadow_backlog`).
+
+    The budget: ``explored_at`` is the finished request at which the exploration last
+    ended (None while it runs) and ``fed_since_explored`` the requests fed after it;
+    ``credit`` is the overhead bucket in units (negative: the exploration's work not yet
+    paid back) and ``resume_credit`` the credit at which paused shadows run again. Where
+    the shadows sample at nearly the live cache's size (a few dozen states fit), the
+    exploration leaves the bucket in debt by more live work than a trace of a thousand
+    requests has, and the policy keeps what the exploration decided until the fall
+    detector (:class:`~hybridcache.shift.DropDetector`) or a change of workload calls for
+    another (docs/results.md, "On long traces the shadows do not run again after the
+    exploration")."""
+    explored = m.explored
     return {
         "rate": m.rate,
         "current": m.current,
@@ -27,6 +39,10 @@ def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
         "shadow_seconds": m.shadow_seconds,
         "switches": list(m.switches),
         "sampled": m.sampled,
+        "explored_at": explored[0] if explored else None,
+        "fed_since_explored": m.sampled - explored[1] if explored else 0,
+        "credit": m._credit,
+        "resume_credit": m._burst / 2,
         "retired": [m.shadows[i].name for i in sorted(m._retired)],
         "retirements": m.retirements,
         "reentries": m.reentries,

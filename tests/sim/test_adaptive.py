@@ -82,6 +82,7 @@ def test_a_model_without_state_runs_with_no_shadows_and_reports_it(kimi):
     m.free("a")
     st = m.adaptive_stats()
     assert st["shadows"] == {} and st["sampled"] == 0 and not st["waiting"] and st["backlog"] == 0
+    assert st["explored_at"] is None and st["fed_since_explored"] == 0 and st["credit"] == 0.0
 
 
 def test_candidates_are_relative_to_the_model(kimi):

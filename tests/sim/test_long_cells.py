@@ -29,6 +29,9 @@ def test_a_cell_compares_the_adaptive_policy_with_its_candidates_fixed():
                                     generate("chat", 40, seed=0, tenants=2))
     assert r["adaptive"] == hit / prompt
     assert ("behind" in mod.line(r)) == (r["gap"] < -mod.TOLERANCE)
+    # 40 requests end no exploration: nothing fed after one, and the bucket in credit.
+    assert r["explored_at"] is None and r["fed_after"] == 0 and r["credit_over_live"] > 0
+    assert "0 after the exploration, ended at None" in mod.line(r)
 
 
 def test_flops_weigh_each_request_by_its_own_prompt():
