@@ -82,11 +82,12 @@ def cell(model: str, kind: str, seed: int, gib: int, n: int) -> dict:
 
 def line(r: dict) -> str:
     mark = " behind" if r["gap"] < -TOLERANCE else ""
+    explored = ("still exploring" if r["explored_at"] is None
+                else f"{r['fed_after']} after the exploration, which ended at request {r['explored_at']}")
     return (f"{r['trace']}@{r['capacity_gib']} GiB: adaptive {r['adaptive']:.4f} / {r['adaptive_flops']:.4f}, "
             f"start {r['start']:.4f}, best {r['best']} {r['best_rate']:.4f} / {r['best_flops']:.4f}, "
-            f"gap {r['gap']:+.4f}{mark}; fed {r['fed']} ({r['fed_after']} after the exploration, "
-            f"ended at {r['explored_at']}; bucket {r['credit_over_live']:+.2f}x the live work), "
-            f"shadow work {r['shadow_work']:.2f}x, "
+            f"gap {r['gap']:+.4f}{mark}; fed {r['fed']} ({explored}; "
+            f"bucket {r['credit_over_live']:+.2f}x the live work), shadow work {r['shadow_work']:.2f}x, "
             f"switches {r['switches']}")
 
 

@@ -22,7 +22,7 @@ def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
     ``credit`` is the overhead bucket in units (negative: the exploration's work not yet
     paid back) and ``resume_credit`` the credit at which paused shadows run again. Where
     the shadows sample at nearly the live cache's size (a few dozen states fit), the
-    exploration leaves the bucket in debt by more live work than a trace of a thousand
+    exploration can leave the bucket in debt by more live work than a trace of a thousand
     requests has, and the policy keeps what the exploration decided until the fall
     detector (:class:`~hybridcache.shift.DropDetector`) or a change of workload calls for
     another (docs/results.md, "On long traces the shadows do not run again after the

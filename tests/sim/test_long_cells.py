@@ -31,7 +31,9 @@ def test_a_cell_compares_the_adaptive_policy_with_its_candidates_fixed():
     assert ("behind" in mod.line(r)) == (r["gap"] < -mod.TOLERANCE)
     # 40 requests end no exploration: nothing fed after one, and the bucket in credit.
     assert r["explored_at"] is None and r["fed_after"] == 0 and r["credit_over_live"] > 0
-    assert "0 after the exploration, ended at None" in mod.line(r)
+    assert "still exploring" in mod.line(r)
+    ended = dict(r, explored_at=30, fed_after=2)
+    assert "2 after the exploration, which ended at request 30" in mod.line(ended)
 
 
 def test_flops_weigh_each_request_by_its_own_prompt():
