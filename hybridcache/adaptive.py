@@ -591,6 +591,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         """The manager's invariants (:mod:`hybridcache.invariants`) and the backlog's."""
         super().check_invariants()
         self._backlog.sanity_check()
+        assert (self.explored is None) == (self._pressured < EXPLORE_PAIRS), "exploration end"
 
     def adaptive_stats(self) -> dict[str, object]:
         """What the adaptation did (:func:`hybridcache.adaptive_report.adaptive_stats`)."""

@@ -47,6 +47,7 @@ def test_the_report_tells_where_the_exploration_ended_and_what_was_fed_since(run
     paused_checked = 0
     for i in range(N):
         run.advance(i + 1)
+        m.check_invariants()  # the exploration's end is recorded exactly while it has ended
         stats = m.adaptive_stats()
         if not stats["running"]:  # paused shadows run again at the resume credit, not before
             assert stats["credit"] < stats["resume_credit"], stats
@@ -73,6 +74,7 @@ def test_a_change_of_workload_starts_the_exploration_again(run):
     run.advance()
     assert m.adaptive_stats()["explored_at"] is not None
     m._after_shift(m.shifts)  # what a detected change of the requests' sizes does
+    m.check_invariants()
     stats = m.adaptive_stats()
     assert stats["exploring"] and stats["explored_at"] is None and stats["fed_since_explored"] == 0
 
