@@ -77,4 +77,3 @@ def test_a_change_of_workload_starts_the_exploration_again(run):
     m.check_invariants()
     stats = m.adaptive_stats()
     assert stats["exploring"] and stats["explored_at"] is None and stats["fed_since_explored"] == 0
-
