@@ -241,7 +241,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self._retired: dict[int, float] = {}
         self.retirements = self.reentries = 0
         if len(self.candidates) < 2:  # nothing to choose (a model without state): no shadows
-            self._backlog, self._burst, self._credit = Backlog(0, waiting=False), 0, 0.0
+            self._backlog, self._burst, self._credit, self._resume_credit = Backlog(0, waiting=False), 0, 0.0, 0.0
             return
         cap = max(int(self._capacity * self.rate), self.layout.block_bytes * 2)
         unit_bytes = self.index.node_kv_bytes or self.index.snap_bytes or 1
@@ -249,6 +249,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         self.keys.budget = (math.inf if self.rate >= 1.0
                             else cap / unit_bytes / MIN_FAMILIES / (1.0 - self.rate))
         self._burst = len(self.candidates) * BURST_FILLS * max(1, cap // unit_bytes)
+        self._resume_credit = self._burst / 2  # where paused shadows run again (half the bucket)
         self._under_pressure = False
         self._pairs = PairTable(len(self.candidates))
         #: The window's weight of fed requests (the current shadow's mean saving per
@@ -323,7 +324,7 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
         if credit >= burst:
             credit = burst
         self._credit = credit
-        if not self.running and credit >= burst / 2:
+        if not self.running and credit >= self._resume_credit:
             self.running = True
         exploring = self._pressured < EXPLORE_PAIRS
         if (self.running or exploring) and int.from_bytes(key[:8], "little") / KEY_SPACE < self.rate:

@@ -42,7 +42,7 @@ def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
         "explored_at": explored[0] if explored else None,
         "fed_since_explored": m.sampled - explored[1] if explored else 0,
         "credit": m._credit,
-        "resume_credit": m._burst / 2,
+        "resume_credit": m._resume_credit,
         "retired": [m.shadows[i].name for i in sorted(m._retired)],
         "retirements": m.retirements,
         "reentries": m.reentries,

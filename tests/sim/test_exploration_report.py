@@ -35,6 +35,8 @@ def test_the_report_tells_where_the_exploration_ended_and_what_was_fed_since(run
     assert isinstance(m, AdaptiveManager)
     stats = m.adaptive_stats()
     assert stats["explored_at"] is None and stats["fed_since_explored"] == 0 and stats["exploring"]
+    # The bucket starts full; paused shadows run again once it is half full.
+    assert stats["resume_credit"] == stats["credit"] / 2 > 0
     ended: list[tuple[int, int]] = []
     observe = AdaptiveManager._observe
 
@@ -60,7 +62,7 @@ def test_the_report_tells_where_the_exploration_ended_and_what_was_fed_since(run
     assert not stats["running"]
     # Just short of the resume credit (by more than a request adds), the shadows stay
     # paused; at it, the next request runs them.
-    most = adaptive.OVERHEAD_BUDGET * (max(r.input_length + r.output_length for r in run.trace.requests) // 16 + 1)
+    most = adaptive.OVERHEAD_BUDGET * (max(r.input_length + r.output_length for r in run.trace.requests) // m.unit + 1)
     m._credit = stats["resume_credit"] - 2 * most
     run.advance(N + 1)
     assert not m.adaptive_stats()["running"]
