@@ -77,11 +77,22 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False,
     reach them: SGLang's (prompt end and turn end, LRU: ``recency`` weighting, which long
     agent contexts with heavy-tailed think times favour) and vLLM's align mode's admission
     (a state only for a boundary seen twice) with our checkpoints and with vLLM's own rules
-    and LRU (``seen-twice-recency``: prompt end and branch points at our unit, which leads
-    on documents branching under a tight budget, where few states fit and KV that has none
+    (``seen-twice-align``: prompt end and branch points at our unit, which leads on
+    documents branching under a tight budget, where few states fit and KV that has none
     yet is what finds the branch). SGLang with dense checkpoints (``sglang-extra``: free
     hits with memory to spare) comes as spare checkpoints (:func:`spare_interval`); as a
     candidate (``checkpoints-1/16x-recency``) it was never adopted.
+
+    ``seen-twice-align`` ranks by value (``gdsf``), not by vLLM's LRU: until the
+    thirty-ninth session it was ``seen-twice-recency``, and on documents its lead was
+    short-lived. Forked from the live cache at request 300 of a 1,000-request trace
+    (falcon-h1-7b, docs at 4 GiB), the same rules with ``gdsf`` hit 0.084 more of the
+    next 700 requests' prompt tokens (likely: the few states these rules save leave the
+    cache mostly KV, and GreedyDual keeps the KV that served hits where LRU keeps the
+    newest). As a
+    candidate it took the cells behind the best other policy from 65 to 51 of 600 and raised
+    the mean hit on all nine sweep sets (docs/results.md, "vLLM's rules ranked by value").
+    vLLM's exact setting comes back with ``align_blocks=True`` where its block is the unit.
     """
     tps = _tokens_per_snapshot(spec)
     if tps is None:
@@ -97,7 +108,7 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False,
         Candidate("no-prompt-end", f"turn-end+seen-branch+interval:{round_up(3.0 * tps, unit)}"),
         Candidate("prompt-turn-recency", "last-token+turn-end", "recency"),
         Candidate("seen-twice", every(3.0), "gdsf", 2),
-        Candidate("seen-twice-recency", "last-token+seen-branch", "recency", 2),
+        Candidate("seen-twice-align", "last-token+seen-branch", "gdsf", 2),
         *([align_blocks_candidate(spec, unit)] if align_blocks else []),
         *([MARCONI_CANDIDATE] if marconi else []),
     ]
@@ -117,7 +128,7 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     one resumes from. As a fixed setting it leads every default candidate on documents with
     memory to spare (1,000 requests: qwen3-next-80b, docs seed 0 at 8 GiB, 0.817 against
     0.783; Kimi Linear 48B, every docs cell at 4 GiB of seeds 0-3, by up to 0.012), while
-    ``seen-twice-recency``, the same rules at our unit, keeps its lead at 1-2 GiB, where its
+    ``seen-twice-recency`` (the same rules at our unit, LRU, then in the set) keeps its lead at 1-2 GiB, where its
     fewer states leave the KV room. Not in the default set: as an eighth candidate it left
     the sweeps where they were (Kimi seeds 5-8: 10 -> 12 cells behind, mean hit -0.0001;
     qwen3-next-80b seeds 9-10: 13 -> 12, +0.0010; Kimi long cells -0.0006) for 1 % more
@@ -126,7 +137,7 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     cells behind 99 -> 95 of 600 and the mean hit up on seven sets, but down on kimi-k3
     (-0.0031, an early lead taken and then lost), flat on nemotron-h-8b, for 1.9 % more
     instructions ("A session's turn end valued when it is registered"). Where the block is
-    the unit, its admission is ``seen-twice-recency``'s (and the set does not grow)."""
+    the unit, its admission is ``seen-twice-align``'s, with vLLM's LRU: vLLM's own setting."""
     block = round_up(vllm_align_block(spec), unit)
     admission = f"last-block:{block}+seen-branch" if block > unit else "last-token+seen-branch"
     return Candidate("seen-twice-blocks", admission, "recency", 2)

@@ -140,6 +140,11 @@ def test_candidates_are_relative_to_the_model(kimi):
 #: 0.008 (``seen-twice`` taken at 127, not 215), agentic 0.001 -> 0.016 (the same switch,
 #: at 144 to SGLang's setting, 0.883 -> 0.868 over the second half and 0.8904 over the
 #: whole trace either way), chat at 4 GiB 0.000.
+#: In the thirty-ninth session vLLM align's rules in the set took value eviction's ranking
+#: (``seen-twice-align``, ``gdsf``, in place of ``seen-twice-recency``'s LRU; docs/results.md,
+#: "vLLM's rules ranked by value"): docs 0.028 -> 0.005 (the new candidate is the best fixed
+#: one, 0.857, taken at request 84: 0.852), the other cases unchanged (chat at 1 GiB -0.008,
+#: agent 0.008, mixed 0.028, agentic 0.016, chat at 4 GiB 0.000).
 #: Each case asserts that the gap does not grow past its measurement (+0.005), then marks
 #: itself an expected failure while the issue's target (within 0.005) is missed; a case
 #: that meets the target passes, so a fix shows.
@@ -151,7 +156,7 @@ def _check_gap(rate: float, best: float, measured: float, switches: object) -> N
 
 
 @pytest.mark.parametrize(("kind", "n", "gib", "gap"), [
-    ("chat", 300, 1, 0.0), pytest.param("docs", 200, 2, 0.028, marks=pytest.mark.slow)])
+    ("chat", 300, 1, 0.0), pytest.param("docs", 200, 2, 0.005, marks=pytest.mark.slow)])
 def test_converges_to_best_fixed_candidate(kimi, kind, n, gib, gap):
     trace = Trace(f"<{kind}>", "tokens", generate(kind, n, seed=1, tenants=2))
     best = max(fixed_rates(trace, kimi, gib << 30).values())
@@ -514,7 +519,7 @@ def test_the_live_cache_keeps_a_seen_branch_record_whatever_it_adopts(kimi):
 
 def test_a_shadow_that_never_fills_does_not_hold_the_comparison_back(kimi, monkeypatch):
     """The count rule compares once the current candidate's shadow is under pressure, and
-    only the shadows that are: a shadow that has not evicted (``seen-twice-recency`` saves
+    only the shadows that are: a shadow that has not evicted (``seen-twice-align`` saves
     few states and may never fill) neither blocks the comparison, as waiting on every
     shadow did, nor wins it with savings it has not had to defend. Fails with the old rule
     (every shadow under pressure) and with the unfilled shadow allowed to lead."""
@@ -524,7 +529,7 @@ def test_a_shadow_that_never_fills_does_not_hold_the_comparison_back(kimi, monke
     _branching_requests(m, 12, 6000, seed=3)
     cur = m._shadow(m.current)
     assert cur.evictions, "the current shadow is under pressure"
-    idle = m._shadow("seen-twice-recency")
+    idle = m._shadow("seen-twice-align")
     others = [s for s in m.shadows if s is not cur and s is not idle]
     full = next(s for s in reversed(others) if s.evictions)
     real = ShadowCache.evictions.fget

@@ -42,7 +42,8 @@ def test_adopting_marconi_switches_the_live_eviction_policy(kimi, monkeypatch):
 def test_the_align_blocks_candidate_is_opt_in_at_vllms_block(kimi, monkeypatch):
     """``align_blocks=True`` adds vLLM's rules at its own block (Kimi Linear 48B: 1,920
     tokens, rounded up to the unit), which the shadows run like any other candidate; where
-    the block is the unit it is ``seen-twice-recency`` and the set does not grow."""
+    the block is the unit it is ``seen-twice-align``'s rules with vLLM's LRU: vLLM's own
+    setting, which the default set no longer holds (the set grows by it, no duplicate)."""
     default = adaptive.candidate_settings
     names = [c.name for c in default(kimi, 16)]
     assert "seen-twice-blocks" not in names
@@ -50,7 +51,10 @@ def test_the_align_blocks_candidate_is_opt_in_at_vllms_block(kimi, monkeypatch):
     assert extra[-1] == ("seen-twice-blocks", "last-block:1920+seen-branch", "recency", 2)
     assert default(kimi, 512, align_blocks=True)[-1].admission == "last-block:2048+seen-branch"
     jamba = get_preset("jamba-mini")  # vLLM's block 80: at a 128-token unit, one unit
-    assert len(default(jamba, 128, align_blocks=True)) == len(default(jamba, 128))
+    at_unit = default(jamba, 128, align_blocks=True)
+    assert at_unit[:-1] == default(jamba, 128)
+    assert at_unit[-1] == ("seen-twice-blocks", "last-token+seen-branch", "recency", 2)
+    assert len({c[1:] for c in at_unit}) == len(at_unit)
     monkeypatch.setattr(adaptive, "candidate_settings", lambda spec, unit: default(spec, unit, align_blocks=True))
     trace = Trace("<docs>", "tokens", generate("docs", 120, seed=3, tenants=2))
     run = Replay(trace, kimi, 4 << 30, CacheConfig(hash_unit=16, admission="adaptive"))

@@ -162,10 +162,22 @@ def test_no_candidate_is_adopted_on_a_lead_it_inherited(monkeypatch):
     (0.19 of the prompt tokens as a fixed setting, the others 0.66-0.73) came back from
     retirement on a copy of ``checkpoints-3x``'s cache at request 60, led on what it
     inherited and was adopted at 80; the policy ended at 0.668. Held until its cache is its
-    own, it never leads: the policy ends at 0.734, above SGLang's 0.719."""
+    own, it never leads: the policy ends at 0.734, above SGLang's 0.719. The candidate has
+    ranked by value since the thirty-ninth session (``seen-twice-align``); the case keeps
+    the set it was found with. Checked then: on this code the case no longer switches at
+    all (0.7346, six re-entries), with the guard on inherited leads or without it, so what
+    it holds now is the cell's level; the guard itself is held by
+    ``test_a_returning_shadow_competes_once_its_inherited_cache_is_spent``."""
     from hybridcache.presets import get_preset
     from hybridcache.sim.shapes import Shape
 
+    default = adaptive.candidate_settings
+
+    def with_lru(spec, unit):
+        return [c._replace(name="seen-twice-recency", weighting="recency") if c.name == "seen-twice-align" else c
+                for c in default(spec, unit)]
+
+    monkeypatch.setattr(adaptive, "candidate_settings", with_lru)
     monkeypatch.setattr(adaptive, "RETIRE", True)
     trace = Trace("<agentic:43~s1017>", "tokens", generate("agentic", 200, seed=43, tenants=2, shape=Shape.draw(1017)))
     run = Replay(trace, get_preset("qwen3-next-80b"), 2 << 30, ADAPTIVE)
