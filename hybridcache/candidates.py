@@ -89,10 +89,10 @@ def candidate_settings(spec: ModelSpec, unit: int, *, marconi: bool = False,
     (falcon-h1-7b, docs at 4 GiB), the same rules with ``gdsf`` hit 0.084 more of the
     next 700 requests' prompt tokens (likely: the few states these rules save leave the
     cache mostly KV, and GreedyDual keeps the KV that served hits where LRU keeps the
-    newest). As a
-    candidate it took the cells behind the best other policy from 65 to 51 of 600 and raised
-    the mean hit on all nine sweep sets (docs/results.md, "vLLM's rules ranked by value").
-    vLLM's exact setting comes back with ``align_blocks=True`` where its block is the unit.
+    newest). As a candidate it took the cells behind the best other policy from 65 to 51
+    of 600 and raised the mean hit on all nine sweep sets (docs/results.md, "vLLM's rules
+    ranked by value"). vLLM's exact setting comes back with ``align_blocks=True`` where its
+    block is the unit.
     """
     tps = _tokens_per_snapshot(spec)
     if tps is None:
@@ -128,8 +128,8 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     one resumes from. As a fixed setting it leads every default candidate on documents with
     memory to spare (1,000 requests: qwen3-next-80b, docs seed 0 at 8 GiB, 0.817 against
     0.783; Kimi Linear 48B, every docs cell at 4 GiB of seeds 0-3, by up to 0.012), while
-    ``seen-twice-recency`` (the same rules at our unit, LRU, then in the set) keeps its lead at 1-2 GiB, where its
-    fewer states leave the KV room. Not in the default set: as an eighth candidate it left
+    ``seen-twice-recency`` (the same rules at our unit with LRU, then in the set) keeps its
+    lead at 1-2 GiB, where its fewer states leave the KV room. Not in the default set: as an eighth candidate it left
     the sweeps where they were (Kimi seeds 5-8: 10 -> 12 cells behind, mean hit -0.0001;
     qwen3-next-80b seeds 9-10: 13 -> 12, +0.0010; Kimi long cells -0.0006) for 1 % more
     instructions (chat, 64 GiB): the shadows rarely adopt it where it leads (docs/results.md,
