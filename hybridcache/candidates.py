@@ -129,15 +129,16 @@ def align_blocks_candidate(spec: ModelSpec, unit: int) -> Candidate:
     memory to spare (1,000 requests: qwen3-next-80b, docs seed 0 at 8 GiB, 0.817 against
     0.783; Kimi Linear 48B, every docs cell at 4 GiB of seeds 0-3, by up to 0.012), while
     ``seen-twice-recency`` (the same rules at our unit with LRU, then in the set) keeps its
-    lead at 1-2 GiB, where its fewer states leave the KV room. Not in the default set: as an eighth candidate it left
-    the sweeps where they were (Kimi seeds 5-8: 10 -> 12 cells behind, mean hit -0.0001;
-    qwen3-next-80b seeds 9-10: 13 -> 12, +0.0010; Kimi long cells -0.0006) for 1 % more
-    instructions (chat, 64 GiB): the shadows rarely adopt it where it leads (docs/results.md,
-    "vLLM's save points at its block boundaries"). Measured again on 2026-12-07 (nine sets):
-    cells behind 99 -> 95 of 600 and the mean hit up on seven sets, but down on kimi-k3
-    (-0.0031, an early lead taken and then lost), flat on nemotron-h-8b, for 1.9 % more
-    instructions ("A session's turn end valued when it is registered"). Where the block is
-    the unit, its admission is ``seen-twice-align``'s, with vLLM's LRU: vLLM's own setting."""
+    lead at 1-2 GiB, where its fewer states leave the KV room. Not in the default set: as an
+    eighth candidate it left the sweeps where they were (Kimi seeds 5-8: 10 -> 12 cells
+    behind, mean hit -0.0001; qwen3-next-80b seeds 9-10: 13 -> 12, +0.0010; Kimi long cells
+    -0.0006) for 1 % more instructions (chat, 64 GiB): the shadows rarely adopt it where it
+    leads (docs/results.md, "vLLM's save points at its block boundaries"). Measured again on
+    2026-12-07 (nine sets): cells behind 99 -> 95 of 600 and the mean hit up on seven sets,
+    but down on kimi-k3 (-0.0031, an early lead taken and then lost), flat on nemotron-h-8b,
+    for 1.9 % more instructions ("A session's turn end valued when it is registered").
+    Where the block is the unit, its admission is ``seen-twice-align``'s, with vLLM's LRU:
+    vLLM's own setting."""
     block = round_up(vllm_align_block(spec), unit)
     admission = f"last-block:{block}+seen-branch" if block > unit else "last-token+seen-branch"
     return Candidate("seen-twice-blocks", admission, "recency", 2)
