@@ -596,4 +596,4 @@ class AdaptiveManager(SampleRate, HybridCacheManager):
 
     def adaptive_stats(self) -> dict[str, object]:
         """What the adaptation did (:func:`hybridcache.adaptive_report.adaptive_stats`)."""
-        return adaptive_stats(self, self._pressured < EXPLORE_PAIRS)
+        return adaptive_stats(self)

@@ -10,15 +10,16 @@ if TYPE_CHECKING:  # pragma: no cover
     from hybridcache.adaptive import AdaptiveManager
 
 
-def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
+def adaptive_stats(m: AdaptiveManager) -> dict[str, object]:
     """The rate, the candidate in force, the shadows' work and figures.
 
     ``overhead_units`` is the shadows' units fed over the live units; ``waiting`` whether
     the sampled requests still wait for the live cache's pressure, and ``backlog`` how
     many do (:mod:`hybridcache.shadow_backlog`).
 
-    The budget: ``explored_at`` is the finished request at which the exploration last
-    ended (None while it runs) and ``fed_since_explored`` the requests fed after it;
+    The budget: ``exploring`` whether an exploration runs (no end recorded since the last
+    restart), ``explored_at`` the finished request at which it last ended (None while it
+    runs) and ``fed_since_explored`` the requests fed after it;
     ``credit`` is the overhead bucket in units (negative: the exploration's work not yet
     paid back) and ``resume_credit`` the credit at which paused shadows run again. Where
     the shadows sample at nearly the live cache's size (a few dozen states fit), the
@@ -32,7 +33,7 @@ def adaptive_stats(m: AdaptiveManager, exploring: bool) -> dict[str, object]:
         "rate": m.rate,
         "current": m.current,
         "running": m.running,
-        "exploring": exploring,
+        "exploring": explored is None,
         "waiting": m._backlog.waiting,
         "backlog": len(m._backlog),
         "overhead_units": m.shadow_units / m.live_units if m.live_units else 0.0,
