@@ -94,3 +94,72 @@ def test_shapes_generate_each_kind_and_seed_at_each_drawn_shape(monkeypatch, tmp
     shapes.clear()
     mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30", "--json", str(out)])
     assert shapes == [None]
+
+
+def _recording_sweeps(monkeypatch, mod) -> list[list[str]]:
+    """The policies of every replay the sweep module starts."""
+    calls: list[list[str]] = []
+    real_sweep = mod.sweep
+
+    def sweep(trace, model, policies, capacities, progress=True):
+        calls.append(list(policies))
+        return real_sweep(trace, model, policies, capacities, progress=progress)
+
+    monkeypatch.setattr(mod, "sweep", sweep)
+    return calls
+
+
+def test_peers_from_an_earlier_run_replay_only_our_policies(monkeypatch, tmp_path):
+    """``--peers`` replays ``hybridcache`` and ``hybridcache-adaptive`` only and takes every
+    other policy's figures from the earlier run's rows: the same code gives the same rows,
+    and a peer's figure changed in the file is the one the row compares against."""
+    import json
+
+    mod, _ = _sweep_recording(monkeypatch, "tenants")
+    args = ["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30"]
+    first = tmp_path / "first.json"
+    mod.main([*args, "--json", str(first)])
+    calls = _recording_sweeps(monkeypatch, mod)
+    again = tmp_path / "again.json"
+    mod.main([*args, "--peers", str(first), "--json", str(again)])
+    assert calls == [["hybridcache", "hybridcache-adaptive"]]
+    drop = ("time_ratio", "policies")
+    old, new = json.loads(first.read_text()), json.loads(again.read_text())
+    assert [{k: v for k, v in r.items() if k not in drop} for r in new] == \
+           [{k: v for k, v in r.items() if k not in drop} for r in old]
+    assert all(r["policies"]["sglang"] == o["policies"]["sglang"] for r, o in zip(new, old))
+    fixed = old[0]["fixed"]
+    old[0]["policies"]["sglang"]["hit"] = 1.0
+    old[0]["policies"]["hybridcache"]["hit"] = 0.5 * fixed  # ours are replayed, not read
+    first.write_text(json.dumps(old))
+    mod.main([*args, "--peers", str(first), "--json", str(again)])
+    row = json.loads(again.read_text())[0]
+    assert (row["best_other"], row["best_other_rate"], row["fixed"]) == ("sglang", 1.0, fixed) and fixed > 0
+
+
+def test_peers_that_do_not_fit_stop_the_run_before_any_replay(monkeypatch, tmp_path):
+    """A file that is not an earlier run's rows with every policy, a cell it lacks, and a
+    cell measured on another trace (here: another request count) each stop the run with a
+    message naming it, before the first replay."""
+    import json
+
+    mod, _ = _sweep_recording(monkeypatch, "tenants")
+    args = ["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30"]
+    first = tmp_path / "first.json"
+    mod.main([*args, "--json", str(first)])
+    rows = json.loads(first.read_text())
+    calls = _recording_sweeps(monkeypatch, mod)
+    bad = tmp_path / "bad.json"
+    for text, match in [("not json", "cannot read"),
+                        (json.dumps([{k: v for k, v in r.items() if k != "policies"} for r in rows]), "not the rows"),
+                        (json.dumps(rows[:-1]), "no row for chat:5 at 16 GiB")]:
+        bad.write_text(text)
+        with pytest.raises(SystemExit, match=match):
+            mod.main([*args, "--peers", str(bad)])
+    with pytest.raises(SystemExit, match="no row for chat:6 at 1 GiB"):
+        mod.main(["generated", "--kinds", "chat", "--seeds", "5,6", "--requests", "30", "--peers", str(first)])
+    with pytest.raises(SystemExit, match="chat:5 at 1 GiB was measured on another trace"):
+        mod.main([*args[:-1], "31", "--peers", str(first)])
+    with pytest.raises(SystemExit, match="cannot read"):
+        mod.main([*args, "--peers", str(tmp_path / "missing.json")])
+    assert calls == []
