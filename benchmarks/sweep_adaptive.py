@@ -5,6 +5,7 @@
     python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
                                         [--seeds 0,1] [--requests 200] [--tenants 2]
                                         [--max-model-len N] [--shapes 1001,1002] [--json OUT]
+                                        [--peers EARLIER_JSON]
 
 For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
 fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
