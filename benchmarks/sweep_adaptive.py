@@ -5,7 +5,7 @@
     python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
                                         [--seeds 0,1] [--requests 200] [--tenants 2]
                                         [--max-model-len N] [--shapes 1001,1002] [--json OUT]
-                                        [--peers EARLIER_JSON]
+                                        [--capacities 1,2,4,8,16] [--peers EARLIER_JSON]
 
 For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
 fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
@@ -159,6 +159,17 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def gib_list(text: str) -> list[int]:
+    """``--capacities``: positive whole GiB, comma-separated, none twice."""
+    try:
+        gib = [int(g) for g in text.split(",")]
+    except ValueError:
+        gib = []
+    if not gib or min(gib) < 1 or len(set(gib)) != len(gib):
+        raise argparse.ArgumentTypeError(f"want positive whole GiB, comma-separated, none twice: {text!r}")
+    return gib
+
+
 def planned_traces(args: argparse.Namespace) -> Iterator[tuple[str, Trace, list[int]]]:
     """The run's traces, each with its row label and capacities, in the order swept."""
     if args.what == "mooncake":
@@ -170,7 +181,7 @@ def planned_traces(args: argparse.Namespace) -> Iterator[tuple[str, Trace, list[
             for seed in (int(s) for s in args.seeds.split(",")):
                 reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants, shape=shape)
                 label = f"{kind}:{seed}{suffix}"
-                yield label, Trace(f"<{label}>", "tokens", reqs), [g << 30 for g in (1, 2, 4, 8, 16)]
+                yield label, Trace(f"<{label}>", "tokens", reqs), [g << 30 for g in args.capacities]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -187,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated shape seeds: each kind and seed also generated at the shape "
                         "drawn from each (hybridcache.sim.shapes: held-out lengths, counts and rates); "
                         "default: the kinds as built only")
+    p.add_argument("--capacities", type=gib_list, default=[1, 2, 4, 8, 16],
+                   help="GiB, comma-separated (generated traces; default 1,2,4,8,16)")
     p.add_argument("--json", default=None)
     p.add_argument("--peers", default=None,
                    help="an earlier run's --json: replay only our two policies, take the others from it")
