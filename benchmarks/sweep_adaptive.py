@@ -112,6 +112,8 @@ def check_peers(peers: dict, label: str, fact: dict, capacities: list[int]) -> N
         row = peers.get((label, cap / 2**30))
         if row is None:
             raise SystemExit(f"--peers: no row for {label} at {cap / 2**30:g} GiB")
+        if "kv-only" not in row["policies"]:
+            raise SystemExit(f"--peers: {label} at {cap / 2**30:g} GiB has no kv-only figures (the bound every row reports)")
         if row["facts"] != fact:
             raise SystemExit(f"--peers: {label} at {cap / 2**30:g} GiB was measured on another trace "
                              f"({row['facts']} against {fact})")

@@ -138,9 +138,9 @@ def test_peers_from_an_earlier_run_replay_only_our_policies(monkeypatch, tmp_pat
 
 
 def test_peers_that_do_not_fit_stop_the_run_before_any_replay(monkeypatch, tmp_path):
-    """A file that is not an earlier run's rows with every policy, a cell it lacks, and a
-    cell measured on another trace (here: another request count) each stop the run with a
-    message naming it, before the first replay."""
+    """A file that is not an earlier run's rows with every policy, a cell it lacks or whose
+    row lacks the ``kv-only`` bound, and a cell measured on another trace (here: another
+    request count) each stop the run with a message naming it, before the first replay."""
     import json
 
     mod, _ = _sweep_recording(monkeypatch, "tenants")
@@ -156,6 +156,10 @@ def test_peers_that_do_not_fit_stop_the_run_before_any_replay(monkeypatch, tmp_p
         bad.write_text(text)
         with pytest.raises(SystemExit, match=match):
             mod.main([*args, "--peers", str(bad)])
+    rows[0]["policies"].pop("kv-only")
+    bad.write_text(json.dumps(rows))
+    with pytest.raises(SystemExit, match="chat:5 at 1 GiB has no kv-only figures"):
+        mod.main([*args, "--peers", str(bad)])
     with pytest.raises(SystemExit, match="no row for chat:6 at 1 GiB"):
         mod.main(["generated", "--kinds", "chat", "--seeds", "5,6", "--requests", "30", "--peers", str(first)])
     with pytest.raises(SystemExit, match="chat:5 at 1 GiB was measured on another trace"):
