@@ -5,7 +5,7 @@
     python benchmarks/sweep_adaptive.py generated [--kinds chat,agent,docs,mixed,agentic]
                                         [--seeds 0,1] [--requests 200] [--tenants 2]
                                         [--max-model-len N] [--shapes 1001,1002] [--json OUT]
-                                        [--capacities 1,2,4,8,16] [--peers EARLIER_JSON]
+                                        [--capacities 1GiB,2GiB,...] [--peers EARLIER_JSON]
 
 For each trace and capacity: the adaptive policy's token hit rate and FLOPs saved, the
 fixed ``hybridcache`` policy's, the best other policy (``kv-only`` excluded: it is the bound)
@@ -41,6 +41,7 @@ from hybridcache.presets import get_preset, preset_names, register_preset
 from hybridcache.sim.generate import generate
 from hybridcache.sim.runner import sweep
 from hybridcache.sim.shapes import Shape
+from hybridcache.sim.sizes import parse_sizes
 from hybridcache.sim.traces import Trace, read_trace
 from hybridcache.sim.vllm_native import NativeUnavailable
 
@@ -161,15 +162,13 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def gib_list(text: str) -> list[int]:
-    """``--capacities``: positive whole GiB, comma-separated, none twice."""
+def capacity_list(text: str) -> list[int]:
+    """``--capacities``: :func:`~hybridcache.sim.sizes.parse_sizes` (``hybridcache-sim``'s
+    ``--capacity``), its error as argparse's."""
     try:
-        gib = [int(g) for g in text.split(",")]
-    except ValueError:
-        gib = []
-    if not gib or min(gib) < 1 or len(set(gib)) != len(gib):
-        raise argparse.ArgumentTypeError(f"want positive whole GiB, comma-separated, none twice: {text!r}")
-    return gib
+        return parse_sizes(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def planned_traces(args: argparse.Namespace) -> Iterator[tuple[str, Trace, list[int]]]:
@@ -183,7 +182,7 @@ def planned_traces(args: argparse.Namespace) -> Iterator[tuple[str, Trace, list[
             for seed in (int(s) for s in args.seeds.split(",")):
                 reqs = generate(kind, args.requests, seed=seed, tenants=args.tenants, shape=shape)
                 label = f"{kind}:{seed}{suffix}"
-                yield label, Trace(f"<{label}>", "tokens", reqs), [g << 30 for g in args.capacities]
+                yield label, Trace(f"<{label}>", "tokens", reqs), args.capacities
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -200,23 +199,23 @@ def main(argv: list[str] | None = None) -> None:
                    help="comma-separated shape seeds: each kind and seed also generated at the shape "
                         "drawn from each (hybridcache.sim.shapes: held-out lengths, counts and rates); "
                         "default: the kinds as built only")
-    p.add_argument("--capacities", type=gib_list, default=[1, 2, 4, 8, 16],
-                   help="GiB, comma-separated (generated traces; default 1,2,4,8,16)")
+    p.add_argument("--capacities", type=capacity_list, default=[g << 30 for g in (1, 2, 4, 8, 16)],
+                   help="sizes, comma-separated, for generated traces (default 1GiB,2GiB,4GiB,8GiB,16GiB)")
     p.add_argument("--json", default=None)
     p.add_argument("--peers", default=None,
                    help="an earlier run's --json: replay only our two policies, take the others from it")
     args = p.parse_args(argv)
     model = model_with_max_len(args.model, args.max_model_len)
-    traces = list(planned_traces(args))
+    traces = [(label, trace, caps, facts(trace, model)) for label, trace, caps in planned_traces(args)]
     peers = None
     if args.peers is not None:
         peers = load_peers(args.peers)
-        for label, trace, caps in traces:  # every cell checked before the first replay
-            check_peers(peers, label, facts(trace, model), caps)
+        for label, _, caps, fact in traces:  # every cell checked before the first replay
+            check_peers(peers, label, fact, caps)
     rows: list[dict] = []
-    for label, trace, caps in traces:
+    for label, trace, caps, fact in traces:
         doc = sweep_available(trace, model, caps, None if peers is None else list(OURS))
-        rows += cells(doc, label, peers, facts(trace, model))
+        rows += cells(doc, label, peers, fact)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     print(markdown(rows))

@@ -171,17 +171,18 @@ def test_peers_that_do_not_fit_stop_the_run_before_any_replay(monkeypatch, tmp_p
 
 def test_capacities_are_the_ones_asked_for(monkeypatch, tmp_path, capsys):
     """``--capacities`` sets the generated traces' capacities (a model for which 16 GiB is a
-    small cache is swept where it is a large one); a bad list is refused before any replay."""
+    small cache is swept where it is a large one), read as ``hybridcache-sim --capacity``
+    reads sizes; a bad list is refused before any replay."""
     import json
 
     mod, _ = _sweep_recording(monkeypatch, "tenants")
     out = tmp_path / "rows.json"
-    mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30", "--capacities", "3,40",
+    mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--requests", "30", "--capacities", "3GiB,40GiB",
               "--json", str(out)])
     assert [r["capacity_gib"] for r in json.loads(out.read_text())] == [3.0, 40.0]
     calls = _recording_sweeps(monkeypatch, mod)
-    for bad in ("0,4", "4,4", "x", "1.5"):
+    for bad, why in (("0GiB", "must be positive"), ("4GiB,x", "bad size 'x'"), (",", "no capacity given")):
         with pytest.raises(SystemExit):
             mod.main(["generated", "--kinds", "chat", "--seeds", "5", "--capacities", bad])
-        assert "want positive whole GiB" in capsys.readouterr().err
+        assert why in capsys.readouterr().err
     assert calls == []
