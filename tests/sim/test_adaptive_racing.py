@@ -158,31 +158,26 @@ def test_a_returning_shadow_competes_once_its_inherited_cache_is_spent(kimi, mon
 
 
 def test_no_candidate_is_adopted_on_a_lead_it_inherited(monkeypatch):
-    """qwen3-next-80b, agentic sessions at a drawn shape (1017), 2 GiB: ``seen-twice-recency``
-    (0.19 of the prompt tokens as a fixed setting, the others 0.66-0.73) came back from
-    retirement on a copy of ``checkpoints-3x``'s cache at request 60, led on what it
-    inherited and was adopted at 80; the policy ended at 0.668. Held until its cache is its
-    own, it never leads: the policy ends at 0.734, above SGLang's 0.719. The candidate has
-    ranked by value since the thirty-ninth session (``seen-twice-align``); the case keeps
-    the set it was found with. Checked then: on this code the case no longer switches at
-    all (0.7346, six re-entries), with the guard on inherited leads or without it, so what
-    it holds now is the cell's level; the guard itself is held by
-    ``test_a_returning_shadow_competes_once_its_inherited_cache_is_spent``."""
+    """qwen3-next-80b, mixed requests at a drawn shape (1018), 1 GiB (rate 1). ``no-prompt-end``
+    comes back from retirement on a copy of the current candidate's cache; taken on the lead
+    that copy gives it, at request 128, and left again at 160, the policy ends at 0.4307.
+    Held until its cache is its own, it is taken at 136 and the policy ends at 0.4411
+    (measured 2026-12-08). Until then the case was agentic sessions at shape 1017, 2 GiB,
+    with the candidate set of the time (``seen-twice-recency``, LRU, taken at 80 on what it
+    inherited: 0.668 against 0.734 held); with ``seen-twice-align`` that case made no switch
+    either way. The guard's mechanics: ``test_a_returning_shadow_competes_once_its_inherited_cache_is_spent``."""
     from hybridcache.presets import get_preset
     from hybridcache.sim.shapes import Shape
 
-    default = adaptive.candidate_settings
-
-    def with_lru(spec, unit):
-        return [c._replace(name="seen-twice-recency", weighting="recency") if c.name == "seen-twice-align" else c
-                for c in default(spec, unit)]
-
-    monkeypatch.setattr(adaptive, "candidate_settings", with_lru)
     monkeypatch.setattr(adaptive, "RETIRE", True)
-    trace = Trace("<agentic:43~s1017>", "tokens", generate("agentic", 200, seed=43, tenants=2, shape=Shape.draw(1017)))
-    run = Replay(trace, get_preset("qwen3-next-80b"), 2 << 30, ADAPTIVE)
-    run.advance()
-    m = run.mgr
-    assert m.reentries > 0
-    assert all(name != "seen-twice-recency" for _, name in m.switches)
-    assert run.hit_tokens / sum(run.tally.prompt.values()) > 0.72
+    trace = Trace("<mixed:43~s1018>", "tokens", generate("mixed", 200, seed=43, tenants=2, shape=Shape.draw(1018)))
+    out = {}
+    for held in (True, False):
+        if not held:  # inherited caches compete at once
+            monkeypatch.setattr(ShadowCache, "inherit", lambda self, src: self.copy_cache(src))
+        run = Replay(trace, get_preset("qwen3-next-80b"), 1 << 30, ADAPTIVE)
+        run.advance()
+        assert run.mgr.reentries > 0
+        out[held] = (run.hit_tokens / sum(run.tally.prompt.values()), run.mgr.switches)
+    assert (128, "no-prompt-end") in out[False][1] and (128, "no-prompt-end") not in out[True][1]
+    assert out[True][0] > out[False][0] + 0.005
